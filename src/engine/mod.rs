@@ -1,0 +1,322 @@
+//! The debounce engine: a pure state machine (SEMANTICS §2–§4).
+//!
+//! It owns no storage, no clock and no I/O. The shell hands it the partition time `now`, the
+//! key's current [`SessionState`] and an input (an [`Upload`], or "time advanced" for a key
+//! whose timer is due) and gets back the new state, the key's timer before and after, and the
+//! [`Emission`]s that became due. [`partition::Driver`] runs it over a whole partition through
+//! the [`partition::SessionTable`] trait, which the RocksDB store and the in-memory table
+//! implement.
+//!
+//! Invariants kept here:
+//! * every key has at most one timer: the due time of its open round, or, with no round open,
+//!   the expiry of its state (`last upload + state_ttl`), see [`Engine::next_due`];
+//! * a round that is due fires before any upload at or after its `due_at` is applied;
+//! * generations increase by exactly one per emission of a key;
+//! * no emission has `due_at > now`.
+//!
+//! This module must not import tokio, rocksdb, rdkafka, async-nats or read a clock; a test in
+//! `tests/engine_purity.rs` keeps that true.
+
+pub mod partition;
+pub mod policy;
+pub mod types;
+
+pub use partition::{Driver, MemTable, SessionTable};
+pub use policy::{PolicySpec, PolicyTable, DEFAULT_STATE_TTL_MS};
+pub use types::{
+    CallTrack, Emission, Millis, Part, PolicyName, Round, SessionKey, SessionState, Trigger,
+    Upload,
+};
+
+/// What happened to an upload handed to [`Engine::on_upload`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Applied {
+    /// Applied to a round (on time).
+    OnTime,
+    /// Event time earlier than the key's last upload (SEMANTICS §3): counted only.
+    Late,
+    /// Exact redelivery of the key's last applied `event_id`: ignored.
+    Redelivered,
+}
+
+/// The key's timer before and after a step: the shell cancels `before` and sets `after` when
+/// they differ (timers are keyed `due_at ‖ session key`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Step {
+    /// How the upload was taken (`OnTime` for timer steps).
+    pub applied: Applied,
+    /// Due time of the key's timer before the step (`None`: the key had no state).
+    pub due_before: Option<Millis>,
+    /// Due time of the key's timer after the step (`None`: the key's state is gone).
+    pub due_after: Option<Millis>,
+}
+
+/// The debounce engine for one set of policies. Cheap to share; holds no per-key data.
+#[derive(Clone, Debug)]
+pub struct Engine {
+    policies: PolicyTable,
+}
+
+impl Engine {
+    /// An engine applying `policies` (already validated).
+    pub fn new(policies: PolicyTable) -> Self {
+        Engine { policies }
+    }
+
+    /// The policies in force.
+    pub fn policies(&self) -> &PolicyTable {
+        &self.policies
+    }
+
+    /// The policy in force for `key`'s tenant.
+    pub fn spec_for(&self, key: &SessionKey) -> &PolicySpec {
+        self.policies.for_tenant(key.tenant())
+    }
+
+    /// The one timer of a key with `state`: the open round's due time (the earlier of its
+    /// debounce deadline and its max-wait), or the state's expiry when no round is open.
+    pub fn next_due(&self, key: &SessionKey, state: &SessionState) -> Millis {
+        match &state.round {
+            Some(r) => match r.max_wait_at {
+                Some(m) => m.min(r.deadline),
+                None => r.deadline,
+            },
+            None => state
+                .last_upload_at
+                .saturating_add(self.spec_for(key).state_ttl),
+        }
+    }
+
+    /// Applies one upload at partition time `now` (ms). Rounds of this key due at or before
+    /// `max(now, upload.event_time)` fire first. Emissions are appended to `out` in order.
+    /// `state` is updated in place (`None` = the key has no state).
+    pub fn on_upload(
+        &self,
+        now: Millis,
+        state: &mut Option<SessionState>,
+        upload: &Upload,
+        out: &mut Vec<Emission>,
+    ) -> Step {
+        let key = &upload.key;
+        let spec = self.spec_for(key);
+        let due_before = state.as_ref().map(|s| self.next_due(key, s));
+        let now = now.max(upload.event_time);
+        self.fire_due(now, key, state, out);
+
+        let applied = match state {
+            Some(s)
+                if upload.event_id.is_some()
+                    && s.last_applied_event_id.as_deref() == upload.event_id.as_deref() =>
+            {
+                Applied::Redelivered
+            }
+            Some(s) if upload.event_time < s.last_upload_at => {
+                s.last_applied_event_id.clone_from(&upload.event_id);
+                match &mut s.round {
+                    Some(r) => r.uploads += 1,
+                    None => {
+                        let at = s.last_upload_at;
+                        apply_on_time(spec, key, s, upload, at, out);
+                    }
+                }
+                Applied::Late
+            }
+            Some(s) => {
+                apply_on_time(spec, key, s, upload, upload.event_time, out);
+                Applied::OnTime
+            }
+            None => {
+                let s = state.insert(SessionState {
+                    last_upload_at: upload.event_time,
+                    ..SessionState::default()
+                });
+                apply_on_time(spec, key, s, upload, upload.event_time, out);
+                Applied::OnTime
+            }
+        };
+        Step {
+            applied,
+            due_before,
+            due_after: state.as_ref().map(|s| self.next_due(key, s)),
+        }
+    }
+
+    /// "Time advanced" for one key: fires everything of `key` due at or before `now` (ms),
+    /// appending emissions to `out`; expired state becomes `None`.
+    pub fn on_time(
+        &self,
+        now: Millis,
+        key: &SessionKey,
+        state: &mut Option<SessionState>,
+        out: &mut Vec<Emission>,
+    ) -> Step {
+        let due_before = state.as_ref().map(|s| self.next_due(key, s));
+        self.fire_due(now, key, state, out);
+        Step {
+            applied: Applied::OnTime,
+            due_before,
+            due_after: state.as_ref().map(|s| self.next_due(key, s)),
+        }
+    }
+
+    fn fire_due(
+        &self,
+        now: Millis,
+        key: &SessionKey,
+        state: &mut Option<SessionState>,
+        out: &mut Vec<Emission>,
+    ) {
+        let spec = self.spec_for(key);
+        while let Some(s) = state.as_mut() {
+            let due = self.next_due(key, s);
+            if due > now {
+                return;
+            }
+            let Some(mut round) = s.round.take() else {
+                // No round open: the state expired (state-ttl after the last upload).
+                *state = None;
+                return;
+            };
+            match round.max_wait_at {
+                Some(m) if m < round.deadline => {
+                    // max-wait reached first. A round with no upload yet only moves its start.
+                    let max_wait = spec.max_wait.unwrap_or(m - round.start).max(1);
+                    if round.uploads > 0 {
+                        out.push(emission(spec, key, s, &round, Trigger::MaxWait, m));
+                    }
+                    if round.uploads > 0 {
+                        round.parts.clear();
+                    }
+                    s.round = Some(Round {
+                        start: m,
+                        max_wait_at: Some(m + max_wait),
+                        uploads: 0,
+                        first_upload_at: None,
+                        last_upload_at: None,
+                        last_event_id: None,
+                        attributes: None,
+                        ..round
+                    });
+                }
+                _ => {
+                    // Debounce deadline: trailing if the round has uploads, else it ends silently.
+                    if round.uploads > 0 {
+                        out.push(emission(
+                            spec,
+                            key,
+                            s,
+                            &round,
+                            Trigger::Trailing,
+                            round.deadline,
+                        ));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Applies an on-time upload (or a late one opening a round, moved to `at`) to the key's
+/// state; emits `final`, `complete` or `leading` at once when the upload calls for it.
+fn apply_on_time(
+    spec: &PolicySpec,
+    key: &SessionKey,
+    s: &mut SessionState,
+    upload: &Upload,
+    at: Millis,
+    out: &mut Vec<Emission>,
+) {
+    let delay = match spec.name {
+        PolicyName::Fixed | PolicyName::LeadingTrailing => spec.delay,
+        PolicyName::Adaptive => {
+            let d = match s.track {
+                None => spec.min_delay,
+                Some(t) => t.delay.max(at - t.time).min(spec.max_delay),
+            };
+            s.track = Some(CallTrack { time: at, delay: d });
+            d
+        }
+    };
+    s.last_upload_at = s.last_upload_at.max(at);
+    s.last_applied_event_id.clone_from(&upload.event_id);
+    let opening = s.round.is_none();
+    let round = s.round.get_or_insert_with(|| Round {
+        start: at,
+        deadline: at + delay,
+        max_wait_at: spec.max_wait.map(|w| at + w),
+        delay,
+        uploads: 0,
+        first_upload_at: None,
+        last_upload_at: None,
+        last_event_id: None,
+        attributes: None,
+        parts: Vec::new(),
+    });
+    round.uploads += 1;
+    round.first_upload_at.get_or_insert(at);
+    round.last_upload_at = Some(at);
+    round.deadline = at + delay;
+    round.delay = delay;
+    round.last_event_id.clone_from(&upload.event_id);
+    round.attributes.clone_from(&upload.attributes);
+    let mut complete = false;
+    if let Some(p) = upload.part {
+        if let Err(i) = round.parts.binary_search(&p.index) {
+            round.parts.insert(i, p.index);
+        }
+        let count = p.count as usize;
+        complete = round.parts.iter().take_while(|&&i| i as usize <= count).count() == count;
+    }
+    let trigger = if upload.final_flag {
+        Some(Trigger::Final)
+    } else if complete {
+        Some(Trigger::Complete)
+    } else if opening && spec.name == PolicyName::LeadingTrailing {
+        Some(Trigger::Leading)
+    } else {
+        None
+    };
+    let Some(trigger) = trigger else { return };
+    let Some(round) = s.round.take() else { return };
+    out.push(emission(spec, key, s, &round, trigger, at));
+    if trigger == Trigger::Leading {
+        // SEMANTICS §4 v2: the round stays open after its leading emission; it ends with a
+        // trailing emission only if another upload arrives before the deadline.
+        s.round = Some(Round {
+            uploads: 0,
+            first_upload_at: None,
+            last_upload_at: None,
+            last_event_id: None,
+            attributes: None,
+            ..round
+        });
+    }
+}
+
+/// Builds the emission closing (part of) `round` and bumps the key's generation.
+fn emission(
+    spec: &PolicySpec,
+    key: &SessionKey,
+    s: &mut SessionState,
+    round: &Round,
+    trigger: Trigger,
+    due_at: Millis,
+) -> Emission {
+    s.generation += 1;
+    Emission {
+        key: key.clone(),
+        generation: s.generation,
+        trigger,
+        uploads: round.uploads,
+        first_upload_at: round.first_upload_at.unwrap_or(s.last_upload_at),
+        last_upload_at: round.last_upload_at.unwrap_or(s.last_upload_at),
+        due_at,
+        delay_ms: round.delay,
+        policy: spec.name,
+        last_event_id: round.last_event_id.clone(),
+        attributes: round.attributes.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

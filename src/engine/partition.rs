@@ -1,0 +1,250 @@
+//! Running the engine over one partition: the [`SessionTable`] trait (per-key state plus timers
+//! in firing order) and the [`Driver`] that applies uploads and fires due timers through it.
+//!
+//! The driver is the only place that knows how per-key steps become table changes, so the
+//! in-memory table ([`MemTable`], used by `settle simulate`, tests and benches) and the RocksDB
+//! store behave identically. Timers fire in `(due_at, session key)` order (SEMANTICS §3: a
+//! due emission fires when partition time ≥ its `due_at`).
+
+use super::types::{Emission, Millis, SessionKey, SessionState, Upload};
+use super::{Applied, Engine, Step};
+use std::collections::{BTreeSet, HashMap};
+
+/// Per-key state and timers of one partition, as the driver needs them. Implementations may
+/// buffer changes (the store batches them into one write per input batch).
+pub trait SessionTable {
+    /// Error of the backing storage (never produced by [`MemTable`]).
+    type Error;
+    /// The state of `key`, if any.
+    fn get(&mut self, key: &SessionKey) -> Result<Option<SessionState>, Self::Error>;
+    /// Stores `state` for `key`.
+    fn put(&mut self, key: &SessionKey, state: &SessionState) -> Result<(), Self::Error>;
+    /// Forgets `key`.
+    fn delete(&mut self, key: &SessionKey) -> Result<(), Self::Error>;
+    /// Adds the timer `(due, key)`.
+    fn set_timer(&mut self, due: Millis, key: &SessionKey) -> Result<(), Self::Error>;
+    /// Removes the timer `(due, key)`.
+    fn cancel_timer(&mut self, due: Millis, key: &SessionKey) -> Result<(), Self::Error>;
+    /// The first timer in `(due, key)` order with `due ≤ now`, if any (not removed).
+    fn first_due(&mut self, now: Millis) -> Result<Option<(Millis, SessionKey)>, Self::Error>;
+}
+
+/// Counters of what a driver did, for summaries and metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DriverStats {
+    /// Uploads applied on time.
+    pub on_time: u64,
+    /// Late uploads (counted in their round, nothing else).
+    pub late: u64,
+    /// Redelivered `event_id`s ignored.
+    pub redelivered: u64,
+    /// Emissions produced.
+    pub emissions: u64,
+    /// Keys forgotten after `state-ttl`.
+    pub expired: u64,
+}
+
+/// Applies the engine to a partition through a [`SessionTable`].
+#[derive(Clone, Debug)]
+pub struct Driver {
+    engine: Engine,
+    /// What this driver did so far.
+    pub stats: DriverStats,
+}
+
+impl Driver {
+    /// A driver for `engine`.
+    pub fn new(engine: Engine) -> Self {
+        Driver {
+            engine,
+            stats: DriverStats::default(),
+        }
+    }
+
+    /// The engine it drives.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Fires every timer due at or before `now` (ms) in `(due, key)` order, appending
+    /// emissions to `out`. Returns how many timers fired.
+    pub fn advance<T: SessionTable>(
+        &mut self,
+        table: &mut T,
+        now: Millis,
+        out: &mut Vec<Emission>,
+    ) -> Result<usize, T::Error> {
+        self.advance_at_most(table, now, usize::MAX, out)
+    }
+
+    /// Like [`Driver::advance`] but fires at most `limit` timers (catch-up pacing).
+    pub fn advance_at_most<T: SessionTable>(
+        &mut self,
+        table: &mut T,
+        now: Millis,
+        limit: usize,
+        out: &mut Vec<Emission>,
+    ) -> Result<usize, T::Error> {
+        let mut fired = 0;
+        while fired < limit {
+            let Some((due, key)) = table.first_due(now)? else {
+                break;
+            };
+            let mut state = table.get(&key)?;
+            if state.is_none() {
+                // A timer without state cannot be produced by the driver; drop it.
+                table.cancel_timer(due, &key)?;
+                continue;
+            }
+            // Fire the key only up to this timer's due time, so keys interleave in due order.
+            let before = out.len();
+            let step = self.engine.on_time(due, &key, &mut state, out);
+            self.record(table, &key, &state, step, out.len() - before)?;
+            fired += 1;
+        }
+        Ok(fired)
+    }
+
+    /// Applies one upload at partition time `now` (ms): first fires every timer due at or
+    /// before `max(now, upload.event_time)` (SEMANTICS §4: a due round fires before a later
+    /// upload is applied), then the upload. Emissions are appended to `out`.
+    pub fn apply<T: SessionTable>(
+        &mut self,
+        table: &mut T,
+        now: Millis,
+        upload: &Upload,
+        out: &mut Vec<Emission>,
+    ) -> Result<Applied, T::Error> {
+        let now = now.max(upload.event_time);
+        self.advance(table, now, out)?;
+        let mut state = table.get(&upload.key)?;
+        let before = out.len();
+        let step = self.engine.on_upload(now, &mut state, upload, out);
+        match step.applied {
+            Applied::OnTime => self.stats.on_time += 1,
+            Applied::Late => self.stats.late += 1,
+            Applied::Redelivered => {
+                self.stats.redelivered += 1;
+                return Ok(Applied::Redelivered);
+            }
+        }
+        self.record(table, &upload.key, &state, step, out.len() - before)?;
+        Ok(step.applied)
+    }
+
+    fn record<T: SessionTable>(
+        &mut self,
+        table: &mut T,
+        key: &SessionKey,
+        state: &Option<SessionState>,
+        step: Step,
+        emitted: usize,
+    ) -> Result<(), T::Error> {
+        self.stats.emissions += emitted as u64;
+        match state {
+            Some(s) => table.put(key, s)?,
+            None => {
+                self.stats.expired += 1;
+                table.delete(key)?;
+            }
+        }
+        if step.due_before != step.due_after {
+            if let Some(d) = step.due_before {
+                table.cancel_timer(d, key)?;
+            }
+            if let Some(d) = step.due_after {
+                table.set_timer(d, key)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An in-memory [`SessionTable`]: a hash map of states and an ordered set of timers.
+#[derive(Clone, Debug, Default)]
+pub struct MemTable {
+    sessions: HashMap<SessionKey, SessionState>,
+    timers: BTreeSet<(Millis, SessionKey)>,
+}
+
+impl MemTable {
+    /// An empty table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Number of keys with state.
+    pub fn len(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// True when no key has state.
+    pub fn is_empty(&self) -> bool {
+        self.sessions.is_empty()
+    }
+
+    /// Number of keys with an open round (pending emissions or continuation rounds).
+    pub fn open_rounds(&self) -> usize {
+        self.sessions.values().filter(|s| s.round.is_some()).count()
+    }
+
+    /// The state of `key`, if any.
+    pub fn state(&self, key: &SessionKey) -> Option<&SessionState> {
+        self.sessions.get(key)
+    }
+
+    /// Due time of the earliest timer.
+    pub fn next_due(&self) -> Option<Millis> {
+        self.timers.first().map(|(d, _)| *d)
+    }
+
+    /// Due time of the earliest timer belonging to an open round (ignores state expiry).
+    pub fn next_round_due(&self) -> Option<Millis> {
+        self.timers
+            .iter()
+            .find(|(_, k)| self.sessions.get(k).is_some_and(|s| s.round.is_some()))
+            .map(|(d, _)| *d)
+    }
+
+    /// All timers in firing order.
+    pub fn timers(&self) -> impl Iterator<Item = &(Millis, SessionKey)> {
+        self.timers.iter()
+    }
+}
+
+impl SessionTable for MemTable {
+    type Error = std::convert::Infallible;
+
+    fn get(&mut self, key: &SessionKey) -> Result<Option<SessionState>, Self::Error> {
+        Ok(self.sessions.get(key).cloned())
+    }
+
+    fn put(&mut self, key: &SessionKey, state: &SessionState) -> Result<(), Self::Error> {
+        match self.sessions.get_mut(key) {
+            Some(s) => s.clone_from(state),
+            None => {
+                self.sessions.insert(key.clone(), state.clone());
+            }
+        }
+        Ok(())
+    }
+
+    fn delete(&mut self, key: &SessionKey) -> Result<(), Self::Error> {
+        self.sessions.remove(key);
+        Ok(())
+    }
+
+    fn set_timer(&mut self, due: Millis, key: &SessionKey) -> Result<(), Self::Error> {
+        self.timers.insert((due, key.clone()));
+        Ok(())
+    }
+
+    fn cancel_timer(&mut self, due: Millis, key: &SessionKey) -> Result<(), Self::Error> {
+        self.timers.remove(&(due, key.clone()));
+        Ok(())
+    }
+
+    fn first_due(&mut self, now: Millis) -> Result<Option<(Millis, SessionKey)>, Self::Error> {
+        Ok(self.timers.first().filter(|(d, _)| *d <= now).cloned())
+    }
+}

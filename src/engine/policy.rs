@@ -1,0 +1,136 @@
+//! Policy parameters as the engine sees them: already validated, all durations in ms.
+//! Built from the `[debounce]` config section by `config` (SEMANTICS §4).
+
+use super::types::{Millis, PolicyName};
+use std::collections::HashMap;
+
+/// Default `state-ttl`: 24 h in ms (SEMANTICS §4, adaptive).
+pub const DEFAULT_STATE_TTL_MS: Millis = 24 * 60 * 60 * 1000;
+
+/// One policy with its parameters (ms). Invariants (checked by [`PolicySpec::validate`]):
+/// `delay ≥ 1`, `1 ≤ min_delay ≤ max_delay`, `max_wait ≥ 1` when set, `state_ttl ≥ 1`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicySpec {
+    /// Which policy.
+    pub name: PolicyName,
+    /// `delay` (ms) of `fixed` and `leading-trailing`.
+    pub delay: Millis,
+    /// `min-delay` (ms) of `adaptive`: the delay after a key's first upload.
+    pub min_delay: Millis,
+    /// `max-delay` (ms) of `adaptive`: the cap of the adaptive delay.
+    pub max_delay: Millis,
+    /// `max-wait` (ms), any policy: a round is emitted no later than `start + max_wait`.
+    pub max_wait: Option<Millis>,
+    /// `state-ttl` (ms): per-key state is forgotten this long after the last upload.
+    pub state_ttl: Millis,
+}
+
+impl PolicySpec {
+    /// `fixed` with `delay` ms, no max-wait, default state-ttl.
+    pub fn fixed(delay: Millis) -> Self {
+        PolicySpec {
+            name: PolicyName::Fixed,
+            delay,
+            min_delay: delay,
+            max_delay: delay,
+            max_wait: None,
+            state_ttl: DEFAULT_STATE_TTL_MS,
+        }
+    }
+
+    /// `leading-trailing` with `delay` ms, no max-wait, default state-ttl.
+    pub fn leading_trailing(delay: Millis) -> Self {
+        PolicySpec {
+            name: PolicyName::LeadingTrailing,
+            ..Self::fixed(delay)
+        }
+    }
+
+    /// `adaptive` with `min_delay`/`max_delay` ms, no max-wait, default state-ttl.
+    pub fn adaptive(min_delay: Millis, max_delay: Millis) -> Self {
+        PolicySpec {
+            name: PolicyName::Adaptive,
+            delay: min_delay,
+            min_delay,
+            max_delay,
+            max_wait: None,
+            state_ttl: DEFAULT_STATE_TTL_MS,
+        }
+    }
+
+    /// The same policy with `max-wait` set to `max_wait` ms.
+    pub fn with_max_wait(mut self, max_wait: Millis) -> Self {
+        self.max_wait = Some(max_wait);
+        self
+    }
+
+    /// The same policy with `state-ttl` set to `ttl` ms.
+    pub fn with_state_ttl(mut self, ttl: Millis) -> Self {
+        self.state_ttl = ttl;
+        self
+    }
+
+    /// Checks the invariants. Errors name the offending key (`delay`, `min-delay`, ...).
+    pub fn validate(&self) -> Result<(), String> {
+        match self.name {
+            PolicyName::Fixed | PolicyName::LeadingTrailing => {
+                if self.delay < 1 {
+                    return Err(format!("delay must be at least 1ms, got {}ms", self.delay));
+                }
+            }
+            PolicyName::Adaptive => {
+                if self.min_delay < 1 {
+                    return Err(format!(
+                        "min-delay must be at least 1ms, got {}ms",
+                        self.min_delay
+                    ));
+                }
+                if self.max_delay < self.min_delay {
+                    return Err(format!(
+                        "max-delay ({}ms) must be at least min-delay ({}ms)",
+                        self.max_delay, self.min_delay
+                    ));
+                }
+            }
+        }
+        if let Some(w) = self.max_wait {
+            if w < 1 {
+                return Err(format!("max-wait must be at least 1ms, got {w}ms"));
+            }
+        }
+        if self.state_ttl < 1 {
+            return Err(format!(
+                "state-ttl must be at least 1ms, got {}ms",
+                self.state_ttl
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The default policy plus per-tenant overrides (`[debounce.tenants.NAME]`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyTable {
+    /// Policy of every tenant without an override.
+    pub default: PolicySpec,
+    /// Overrides by tenant name.
+    pub tenants: HashMap<String, PolicySpec>,
+}
+
+impl PolicyTable {
+    /// One policy for every tenant.
+    pub fn uniform(spec: PolicySpec) -> Self {
+        PolicyTable {
+            default: spec,
+            tenants: HashMap::new(),
+        }
+    }
+
+    /// The policy in force for `tenant`.
+    pub fn for_tenant(&self, tenant: &str) -> &PolicySpec {
+        if self.tenants.is_empty() {
+            return &self.default;
+        }
+        self.tenants.get(tenant).unwrap_or(&self.default)
+    }
+}

@@ -1,0 +1,268 @@
+//! Value types shared by the engine and the shell: session keys, uploads, per-key state and
+//! emissions. All times are event-time milliseconds since the Unix epoch (SEMANTICS §3); all
+//! durations are milliseconds.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::sync::Arc;
+
+/// Milliseconds since the Unix epoch (an instant) or a length of time in milliseconds.
+pub type Millis = i64;
+
+/// `tenant/session` (SEMANTICS §2). The first `/` separates tenant and session.
+///
+/// Cheap to clone (shared string). Construction does not validate the tenant/session
+/// alphabets; `codec::decode_upload` does that for records from the outside.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SessionKey(Arc<str>);
+
+impl SessionKey {
+    /// Builds `tenant/session`.
+    pub fn new(tenant: &str, session: &str) -> Self {
+        let mut s = String::with_capacity(tenant.len() + 1 + session.len());
+        s.push_str(tenant);
+        s.push('/');
+        s.push_str(session);
+        SessionKey(s.into())
+    }
+
+    /// Wraps an already joined key. Returns `None` when it has no `/` or an empty tenant.
+    pub fn parse(key: &str) -> Option<Self> {
+        match key.find('/') {
+            Some(i) if i > 0 && i + 1 < key.len() => Some(SessionKey(key.into())),
+            _ => None,
+        }
+    }
+
+    /// The whole key, `tenant/session`.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The tenant part (before the first `/`).
+    pub fn tenant(&self) -> &str {
+        let i = self.0.find('/').unwrap_or(self.0.len());
+        &self.0[..i]
+    }
+
+    /// The session part (after the first `/`).
+    pub fn session(&self) -> &str {
+        match self.0.find('/') {
+            Some(i) => &self.0[i + 1..],
+            None => "",
+        }
+    }
+}
+
+impl fmt::Debug for SessionKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", &*self.0)
+    }
+}
+
+impl fmt::Display for SessionKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Split-upload marker: part `index` (1-based) of `count` (SEMANTICS §4 `part`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Part {
+    /// 1-based index of this part, `1..=count`.
+    pub index: u32,
+    /// Number of parts of the upload, ≥ 1.
+    pub count: u32,
+}
+
+/// One decoded, validated upload (SEMANTICS §2 input record) with its event time.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Upload {
+    /// `tenant/session`.
+    pub key: SessionKey,
+    /// Event time (ms): the record timestamp capped at the processor's wall clock (SEMANTICS §3).
+    pub event_time: Millis,
+    /// Id of this upload, ≤ 128 bytes; an exact redelivery of the key's last applied id is ignored.
+    pub event_id: Option<String>,
+    /// Split-upload marker.
+    pub part: Option<Part>,
+    /// `final: true`: the client closed the session; flush now.
+    pub final_flag: bool,
+    /// Opaque JSON object text (≤ 16 KiB), carried on the emission if this is the round's last upload.
+    pub attributes: Option<String>,
+}
+
+impl Upload {
+    /// A plain upload with no id, part, final flag or attributes (handy in tests and load generators).
+    pub fn plain(key: SessionKey, event_time: Millis) -> Self {
+        Upload {
+            key,
+            event_time,
+            event_id: None,
+            part: None,
+            final_flag: false,
+            attributes: None,
+        }
+    }
+}
+
+/// Why an emission happened (SEMANTICS §4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Trigger {
+    /// First upload of a round under `leading-trailing`: emitted at once.
+    Leading,
+    /// The debounce deadline passed with no further upload.
+    Trailing,
+    /// The round reached `start + max_wait`.
+    MaxWait,
+    /// Every part `1..=count` of a split upload arrived.
+    Complete,
+    /// An upload carried `final: true`.
+    Final,
+}
+
+impl Trigger {
+    /// All triggers, in the order used by reports.
+    pub const ALL: [Trigger; 5] = [
+        Trigger::Leading,
+        Trigger::Trailing,
+        Trigger::MaxWait,
+        Trigger::Complete,
+        Trigger::Final,
+    ];
+
+    /// The wire name (`leading`, `trailing`, `max_wait`, `complete`, `final`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Trigger::Leading => "leading",
+            Trigger::Trailing => "trailing",
+            Trigger::MaxWait => "max_wait",
+            Trigger::Complete => "complete",
+            Trigger::Final => "final",
+        }
+    }
+}
+
+/// Name of a debounce policy (SEMANTICS §4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyName {
+    /// Seed v1: every upload moves the deadline to `t + delay`.
+    Fixed,
+    /// Seed v2: leading emission at once, trailing emission after `delay` of quiet.
+    LeadingTrailing,
+    /// Seed v3: CallTrack, `delay = min(max(prev.delay, interval), max_delay)`.
+    Adaptive,
+}
+
+impl PolicyName {
+    /// The config / wire name (`fixed`, `leading-trailing`, `adaptive`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyName::Fixed => "fixed",
+            PolicyName::LeadingTrailing => "leading-trailing",
+            PolicyName::Adaptive => "adaptive",
+        }
+    }
+}
+
+impl std::str::FromStr for PolicyName {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "fixed" => Ok(PolicyName::Fixed),
+            "leading-trailing" => Ok(PolicyName::LeadingTrailing),
+            "adaptive" => Ok(PolicyName::Adaptive),
+            other => Err(format!(
+                "unknown policy {other:?}: expected fixed, leading-trailing or adaptive"
+            )),
+        }
+    }
+}
+
+/// The seed's CallTrack: time of the key's last upload and the delay computed for it (ms).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallTrack {
+    /// Event time of the last (non-late) upload.
+    pub time: Millis,
+    /// Delay in force after it (ms).
+    pub delay: Millis,
+}
+
+/// The open round of a key (SEMANTICS §4): the uploads since the previous emission.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Round {
+    /// Round start: its first upload, or the due time of the emission that opened a
+    /// continuation round (after `leading` or `max_wait`).
+    pub start: Millis,
+    /// Debounce deadline: last upload + delay.
+    pub deadline: Millis,
+    /// `start + max_wait` when the policy has a max-wait.
+    pub max_wait_at: Option<Millis>,
+    /// Delay in force (ms) — `delay_ms` of the emission.
+    pub delay: Millis,
+    /// Uploads counted in this round (late ones included).
+    pub uploads: u32,
+    /// Event time of the round's first non-late upload.
+    pub first_upload_at: Option<Millis>,
+    /// Event time of the round's last non-late upload.
+    pub last_upload_at: Option<Millis>,
+    /// `event_id` of the round's last non-late upload.
+    pub last_event_id: Option<String>,
+    /// `attributes` of the round's last non-late upload.
+    pub attributes: Option<String>,
+    /// Distinct split-upload part indexes seen in this round, sorted.
+    pub parts: Vec<u32>,
+}
+
+/// Everything the engine keeps for one session key (stored per key by the shell).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct SessionState {
+    /// Generation of the key's latest emission; 0 before the first.
+    pub generation: u64,
+    /// Event time of the key's last non-late upload.
+    pub last_upload_at: Millis,
+    /// `event_id` of the key's last applied upload (redelivery detection).
+    pub last_applied_event_id: Option<String>,
+    /// CallTrack (adaptive policy only).
+    pub track: Option<CallTrack>,
+    /// The open round, if any.
+    pub round: Option<Round>,
+}
+
+/// One owed "session ready" record, as decided by the engine (SEMANTICS §2 output record).
+/// The shell adds `emitted_at` and `tier` when it publishes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Emission {
+    /// `tenant/session`.
+    pub key: SessionKey,
+    /// 1 for the first emission of a key, +1 for each next one.
+    pub generation: u64,
+    /// Why it was emitted.
+    pub trigger: Trigger,
+    /// Uploads coalesced into it.
+    pub uploads: u32,
+    /// Event time of the first coalesced upload (ms).
+    pub first_upload_at: Millis,
+    /// Event time of the last coalesced upload (ms).
+    pub last_upload_at: Millis,
+    /// When the policy made it due (ms).
+    pub due_at: Millis,
+    /// Debounce delay in force when it was due (ms).
+    pub delay_ms: Millis,
+    /// Policy that decided it.
+    pub policy: PolicyName,
+    /// `event_id` of the last coalesced upload.
+    pub last_event_id: Option<String>,
+    /// `attributes` (JSON object text) of the last coalesced upload.
+    pub attributes: Option<String>,
+}
+
+impl Emission {
+    /// `tenant/session/generation`: stable across crashes, restarts and rebalances.
+    pub fn emission_id(&self) -> String {
+        format!("{}/{}", self.key, self.generation)
+    }
+}

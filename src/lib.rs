@@ -1,0 +1,12 @@
+//! settle: a server-side debounce stream processor.
+//!
+//! Reads "test result uploaded" records keyed by `tenant/session` from Kafka or NATS
+//! JetStream, waits per session until the uploads settle, and emits one coalesced
+//! "session ready" record per round (the contract is `SEMANTICS.md`, sections cited as §N).
+//! See `ARCHITECTURE.md` for the module map.
+
+pub mod codec;
+pub mod config;
+pub mod engine;
+pub mod simulate;
+pub mod store;
