@@ -24,8 +24,7 @@ pub mod types;
 pub use partition::{Driver, MemTable, SessionTable};
 pub use policy::{PolicySpec, PolicyTable, DEFAULT_STATE_TTL_MS};
 pub use types::{
-    CallTrack, Emission, Millis, Part, PolicyName, Round, SessionKey, SessionState, Trigger,
-    Upload,
+    CallTrack, Emission, Millis, Part, PolicyName, Round, SessionKey, SessionState, Trigger, Upload,
 };
 
 /// What happened to an upload handed to [`Engine::on_upload`].
@@ -265,7 +264,12 @@ fn apply_on_time(
             round.parts.insert(i, p.index);
         }
         let count = p.count as usize;
-        complete = round.parts.iter().take_while(|&&i| i as usize <= count).count() == count;
+        complete = round
+            .parts
+            .iter()
+            .take_while(|&&i| i as usize <= count)
+            .count()
+            == count;
     }
     let trigger = if upload.final_flag {
         Some(Trigger::Final)

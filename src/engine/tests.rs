@@ -1,0 +1,437 @@
+//! Unit tests of the engine: every example of SEMANTICS §4 and the edge cases of §3–§4.
+
+use super::*;
+
+fn key(s: &str) -> SessionKey {
+    SessionKey::new("t", s)
+}
+
+/// Runs `uploads` (event time = partition time) through a fresh driver over a [`MemTable`]
+/// and flushes every pending round at the end. Returns `(due_at, trigger, uploads)` per emission.
+fn run(spec: PolicySpec, uploads: &[Upload]) -> Vec<Emission> {
+    let mut d = Driver::new(Engine::new(PolicyTable::uniform(spec)));
+    let mut t = MemTable::new();
+    let mut out = Vec::new();
+    for u in uploads {
+        d.apply(&mut t, u.event_time, u, &mut out).unwrap();
+    }
+    d.advance(&mut t, Millis::MAX / 2, &mut out).unwrap();
+    out
+}
+
+fn at(times: &[Millis]) -> Vec<Upload> {
+    times.iter().map(|&t| Upload::plain(key("s"), t)).collect()
+}
+
+fn summary(out: &[Emission]) -> Vec<(Millis, Trigger, u32)> {
+    out.iter()
+        .map(|e| (e.due_at, e.trigger, e.uploads))
+        .collect()
+}
+
+#[test]
+fn fixed_example_from_spec() {
+    // SEMANTICS §4 fixed: delay 500, uploads at 0, 100, 200, 300 → one emission due 800.
+    let out = run(PolicySpec::fixed(500), &at(&[0, 100, 200, 300]));
+    assert_eq!(summary(&out), vec![(800, Trigger::Trailing, 4)]);
+    let e = &out[0];
+    assert_eq!((e.first_upload_at, e.last_upload_at), (0, 300));
+    assert_eq!((e.generation, e.delay_ms), (1, 500));
+    assert_eq!(e.emission_id(), "t/s/1");
+    assert_eq!(e.policy, PolicyName::Fixed);
+}
+
+#[test]
+fn leading_trailing_example_from_spec() {
+    // delay 300 000: uploads at 0 and 5 000 → leading at 0, trailing at 305 000.
+    let out = run(PolicySpec::leading_trailing(300_000), &at(&[0, 5_000]));
+    assert_eq!(
+        summary(&out),
+        vec![(0, Trigger::Leading, 1), (305_000, Trigger::Trailing, 1)]
+    );
+    assert_eq!(out[1].first_upload_at, 5_000);
+    assert_eq!(out[1].generation, 2);
+}
+
+#[test]
+fn leading_trailing_single_upload_emits_exactly_once() {
+    let out = run(PolicySpec::leading_trailing(300_000), &at(&[0]));
+    assert_eq!(summary(&out), vec![(0, Trigger::Leading, 1)]);
+}
+
+#[test]
+fn leading_trailing_new_burst_after_closed_round_is_leading_again() {
+    // Round 1: 0 (leading), 100 (trailing at 1100). Closed. Burst at 5000 → leading again.
+    let out = run(
+        PolicySpec::leading_trailing(1_000),
+        &at(&[0, 100, 5_000, 5_200]),
+    );
+    assert_eq!(
+        summary(&out),
+        vec![
+            (0, Trigger::Leading, 1),
+            (1_100, Trigger::Trailing, 1),
+            (5_000, Trigger::Leading, 1),
+            (6_200, Trigger::Trailing, 1),
+        ]
+    );
+    // A single leading upload's round closes silently delay after it; next upload leads.
+    let out = run(PolicySpec::leading_trailing(1_000), &at(&[0, 1_000]));
+    assert_eq!(
+        summary(&out),
+        vec![(0, Trigger::Leading, 1), (1_000, Trigger::Leading, 1)]
+    );
+}
+
+#[test]
+fn adaptive_example_from_spec() {
+    // min 5 000, max 600 000: upload at 0 → due 5 000.
+    let out = run(PolicySpec::adaptive(5_000, 600_000), &at(&[0]));
+    assert_eq!(summary(&out), vec![(5_000, Trigger::Trailing, 1)]);
+    assert_eq!(out[0].delay_ms, 5_000);
+    // Next at 180 000 → delay 180 000, due 360 000; next at 300 000 → delay stays 180 000, due 480 000.
+    let out = run(
+        PolicySpec::adaptive(5_000, 600_000),
+        &at(&[0, 180_000, 300_000]),
+    );
+    assert_eq!(
+        summary(&out),
+        vec![
+            (5_000, Trigger::Trailing, 1),
+            (480_000, Trigger::Trailing, 2)
+        ]
+    );
+    assert_eq!(out[1].delay_ms, 180_000);
+}
+
+#[test]
+fn adaptive_track_outlives_emissions_and_is_capped() {
+    let engine = Engine::new(PolicyTable::uniform(PolicySpec::adaptive(5_000, 60_000)));
+    let mut st = None;
+    let mut out = Vec::new();
+    engine.on_upload(0, &mut st, &Upload::plain(key("s"), 0), &mut out);
+    engine.on_time(10_000, &key("s"), &mut st, &mut out);
+    assert_eq!(out.len(), 1);
+    let s = st.as_ref().unwrap();
+    assert!(s.round.is_none());
+    assert_eq!(
+        s.track,
+        Some(CallTrack {
+            time: 0,
+            delay: 5_000
+        })
+    );
+    // interval 1 000 000 is capped at max 60 000.
+    engine.on_upload(
+        1_000_000,
+        &mut st,
+        &Upload::plain(key("s"), 1_000_000),
+        &mut out,
+    );
+    assert_eq!(
+        st.as_ref().unwrap().track,
+        Some(CallTrack {
+            time: 1_000_000,
+            delay: 60_000
+        })
+    );
+    assert_eq!(engine.next_due(&key("s"), st.as_ref().unwrap()), 1_060_000);
+}
+
+#[test]
+fn adaptive_burst_behaves_like_fixed_and_split_upload_is_one_emission() {
+    // Two uploads 1 s apart with min 5 s: delay stays 5 s → one emission at 6 s.
+    let out = run(PolicySpec::adaptive(5_000, 600_000), &at(&[0, 1_000]));
+    assert_eq!(summary(&out), vec![(6_000, Trigger::Trailing, 2)]);
+}
+
+#[test]
+fn max_wait_example_from_issue() {
+    // delay 2 s, max-wait 2 s, uploads at 0 and 0.5 s → one emission at 2.0 s, max_wait.
+    let out = run(
+        PolicySpec::fixed(2_000).with_max_wait(2_000),
+        &at(&[0, 500]),
+    );
+    assert_eq!(summary(&out), vec![(2_000, Trigger::MaxWait, 2)]);
+}
+
+#[test]
+fn max_wait_continuation_keeps_deadline_and_moves_with_uploads() {
+    // delay 1 000, max-wait 3 000; uploads every 500 ms from 0 to 4 000.
+    let times: Vec<Millis> = (0..=8).map(|i| i * 500).collect();
+    let out = run(PolicySpec::fixed(1_000).with_max_wait(3_000), &at(&times));
+    // Round 1 starts 0 → max_wait due 3 000 fires before the upload at 3 000 (uploads 0..=2500:
+    // 6). The continuation starts 3 000, gets 3 000, 3 500, 4 000 → deadline 5 000 < 6 000 →
+    // trailing at 5 000 with 3 uploads.
+    assert_eq!(
+        summary(&out),
+        vec![(3_000, Trigger::MaxWait, 6), (5_000, Trigger::Trailing, 3)]
+    );
+    assert_eq!(out[1].generation, 2);
+}
+
+#[test]
+fn max_wait_continuation_with_no_upload_ends_silently() {
+    let out = run(
+        PolicySpec::fixed(1_000).with_max_wait(1_000),
+        &at(&[0, 600]),
+    );
+    // max_wait at 1 000 (2 uploads); continuation keeps deadline 1 600, no upload → silent.
+    assert_eq!(summary(&out), vec![(1_000, Trigger::MaxWait, 2)]);
+}
+
+#[test]
+fn max_wait_continuation_is_never_leading() {
+    let spec = PolicySpec::leading_trailing(1_000).with_max_wait(2_000);
+    let out = run(spec, &at(&[0, 500, 1_000, 1_500, 2_100]));
+    assert_eq!(
+        summary(&out),
+        vec![
+            (0, Trigger::Leading, 1),
+            (2_000, Trigger::MaxWait, 3),
+            (3_100, Trigger::Trailing, 1),
+        ]
+    );
+}
+
+#[test]
+fn upload_exactly_delay_after_previous_starts_new_round() {
+    let out = run(PolicySpec::fixed(500), &at(&[0, 500]));
+    assert_eq!(
+        summary(&out),
+        vec![(500, Trigger::Trailing, 1), (1_000, Trigger::Trailing, 1)]
+    );
+}
+
+fn part(t: Millis, index: u32, count: u32) -> Upload {
+    Upload {
+        part: Some(Part { index, count }),
+        ..Upload::plain(key("s"), t)
+    }
+}
+
+#[test]
+fn split_upload_completes_at_once() {
+    let out = run(
+        PolicySpec::adaptive(5_000, 600_000),
+        &[part(0, 1, 2), part(2_000, 2, 2)],
+    );
+    assert_eq!(summary(&out), vec![(2_000, Trigger::Complete, 2)]);
+    // Out of order parts complete too; a duplicate part doesn't.
+    let out = run(
+        PolicySpec::fixed(10_000),
+        &[part(0, 2, 2), part(1, 2, 2), part(5, 1, 2)],
+    );
+    assert_eq!(summary(&out), vec![(5, Trigger::Complete, 3)]);
+}
+
+#[test]
+fn single_part_upload_opening_round_emits_once_as_complete_not_leading() {
+    let out = run(PolicySpec::leading_trailing(1_000), &[part(0, 1, 1)]);
+    assert_eq!(summary(&out), vec![(0, Trigger::Complete, 1)]);
+}
+
+#[test]
+fn leading_round_keeps_its_parts_until_complete() {
+    // v2: part 1/2 leads; part 2/2 in the same round completes it at once.
+    let out = run(
+        PolicySpec::leading_trailing(10_000),
+        &[part(0, 1, 2), part(300, 2, 2)],
+    );
+    assert_eq!(
+        summary(&out),
+        vec![(0, Trigger::Leading, 1), (300, Trigger::Complete, 1)]
+    );
+}
+
+#[test]
+fn final_flushes_now() {
+    let fin = Upload {
+        final_flag: true,
+        ..Upload::plain(key("s"), 700)
+    };
+    let mut ups = at(&[0, 300]);
+    ups.push(fin);
+    let out = run(PolicySpec::fixed(10_000), &ups);
+    assert_eq!(summary(&out), vec![(700, Trigger::Final, 3)]);
+    // With v2, a final upload that opens a round emits once, as final.
+    let fin = Upload {
+        final_flag: true,
+        ..Upload::plain(key("s"), 0)
+    };
+    let out = run(PolicySpec::leading_trailing(10_000), &[fin]);
+    assert_eq!(summary(&out), vec![(0, Trigger::Final, 1)]);
+}
+
+#[test]
+fn late_upload_is_counted_and_changes_nothing_else() {
+    let late = Upload {
+        event_id: Some("late".into()),
+        attributes: Some(r#"{"late":true}"#.into()),
+        ..Upload::plain(key("s"), 100)
+    };
+    let on_time = Upload {
+        event_id: Some("b".into()),
+        attributes: Some(r#"{"b":1}"#.into()),
+        ..Upload::plain(key("s"), 1_000)
+    };
+    let out = run(
+        PolicySpec::fixed(5_000),
+        &[Upload::plain(key("s"), 0), on_time, late],
+    );
+    assert_eq!(summary(&out), vec![(6_000, Trigger::Trailing, 3)]);
+    assert_eq!(out[0].last_upload_at, 1_000);
+    assert_eq!(out[0].last_event_id.as_deref(), Some("b"));
+    assert_eq!(out[0].attributes.as_deref(), Some(r#"{"b":1}"#));
+}
+
+#[test]
+fn late_upload_with_no_open_round_opens_one_at_last_upload_time() {
+    let engine = Engine::new(PolicyTable::uniform(PolicySpec::fixed(1_000)));
+    let mut st = None;
+    let mut out = Vec::new();
+    engine.on_upload(5_000, &mut st, &Upload::plain(key("s"), 5_000), &mut out);
+    engine.on_time(6_000, &key("s"), &mut st, &mut out);
+    assert_eq!(out.len(), 1);
+    let step = engine.on_upload(6_500, &mut st, &Upload::plain(key("s"), 4_000), &mut out);
+    assert_eq!(step.applied, Applied::Late);
+    let r = st.as_ref().unwrap().round.as_ref().unwrap();
+    assert_eq!((r.start, r.deadline, r.uploads), (5_000, 6_000, 1));
+    // Already due: fires at the next time step, as generation 2.
+    engine.on_time(6_500, &key("s"), &mut st, &mut out);
+    assert_eq!(summary(&out[1..]), vec![(6_000, Trigger::Trailing, 1)]);
+    assert_eq!(out[1].generation, 2);
+}
+
+#[test]
+fn redelivered_event_id_is_ignored() {
+    let u = |t, id: &str| Upload {
+        event_id: Some(id.into()),
+        ..Upload::plain(key("s"), t)
+    };
+    let engine = Engine::new(PolicyTable::uniform(PolicySpec::fixed(1_000)));
+    let mut st = None;
+    let mut out = Vec::new();
+    engine.on_upload(0, &mut st, &u(0, "a"), &mut out);
+    let before = st.clone();
+    let step = engine.on_upload(200, &mut st, &u(200, "a"), &mut out);
+    assert_eq!(step.applied, Applied::Redelivered);
+    assert_eq!(st, before, "a redelivery changes nothing");
+    assert_eq!(step.due_before, step.due_after);
+    // A different id is applied, and then the first id is no longer "the last applied".
+    engine.on_upload(300, &mut st, &u(300, "b"), &mut out);
+    engine.on_upload(400, &mut st, &u(400, "a"), &mut out);
+    engine.on_time(10_000, &key("s"), &mut st, &mut out);
+    assert_eq!(summary(&out), vec![(1_400, Trigger::Trailing, 3)]);
+}
+
+#[test]
+fn state_expires_after_ttl_and_generation_restarts() {
+    let spec = PolicySpec::adaptive(1_000, 10_000).with_state_ttl(60_000);
+    let engine = Engine::new(PolicyTable::uniform(spec));
+    let mut st = None;
+    let mut out = Vec::new();
+    engine.on_upload(0, &mut st, &Upload::plain(key("s"), 0), &mut out);
+    let step = engine.on_time(1_000, &key("s"), &mut st, &mut out);
+    assert_eq!(step.due_after, Some(60_000), "expiry timer after the round");
+    engine.on_time(59_999, &key("s"), &mut st, &mut out);
+    assert!(st.is_some());
+    let step = engine.on_time(60_000, &key("s"), &mut st, &mut out);
+    assert!(st.is_none());
+    assert_eq!(step.due_after, None);
+    // A new upload starts from scratch: min-delay again.
+    engine.on_upload(
+        100_000,
+        &mut st,
+        &Upload::plain(key("s"), 100_000),
+        &mut out,
+    );
+    assert_eq!(
+        st.as_ref().unwrap().track,
+        Some(CallTrack {
+            time: 100_000,
+            delay: 1_000
+        })
+    );
+}
+
+#[test]
+fn per_tenant_override_applies_only_to_that_tenant() {
+    let mut table = PolicyTable::uniform(PolicySpec::adaptive(5_000, 600_000));
+    table.tenants.insert("acme".into(), PolicySpec::fixed(500));
+    let mut d = Driver::new(Engine::new(table));
+    let mut t = MemTable::new();
+    let mut out = Vec::new();
+    for k in [
+        SessionKey::new("acme", "s1"),
+        SessionKey::new("other", "s1"),
+    ] {
+        d.apply(&mut t, 0, &Upload::plain(k, 0), &mut out).unwrap();
+    }
+    d.advance(&mut t, 100_000, &mut out).unwrap();
+    let got: Vec<_> = out
+        .iter()
+        .map(|e| (e.key.tenant().to_string(), e.due_at, e.policy))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("acme".into(), 500, PolicyName::Fixed),
+            ("other".into(), 5_000, PolicyName::Adaptive)
+        ]
+    );
+}
+
+#[test]
+fn driver_fires_in_due_then_key_order_and_before_later_uploads() {
+    let mut d = Driver::new(Engine::new(PolicyTable::uniform(PolicySpec::fixed(100))));
+    let mut t = MemTable::new();
+    let mut out = Vec::new();
+    for s in ["b", "a", "c"] {
+        d.apply(&mut t, 0, &Upload::plain(key(s), 0), &mut out)
+            .unwrap();
+    }
+    // An upload of "a" at 100 (== due) must not extend round 1: it fires first.
+    d.apply(&mut t, 100, &Upload::plain(key("a"), 100), &mut out)
+        .unwrap();
+    let order: Vec<_> = out.iter().map(|e| (e.key.session(), e.due_at)).collect();
+    assert_eq!(order, vec![("a", 100), ("b", 100), ("c", 100)]);
+    assert!(out.iter().all(|e| e.uploads == 1));
+}
+
+#[test]
+fn nothing_is_emitted_before_its_due_time() {
+    let mut d = Driver::new(Engine::new(PolicyTable::uniform(PolicySpec::fixed(1_000))));
+    let mut t = MemTable::new();
+    let mut out = Vec::new();
+    d.apply(&mut t, 0, &Upload::plain(key("s"), 0), &mut out)
+        .unwrap();
+    d.advance(&mut t, 999, &mut out).unwrap();
+    assert!(out.is_empty());
+    d.advance(&mut t, 1_000, &mut out).unwrap();
+    assert_eq!(out.len(), 1);
+}
+
+#[test]
+fn session_key_splits_at_first_slash() {
+    let k = SessionKey::parse("acme/run/42").unwrap();
+    assert_eq!((k.tenant(), k.session()), ("acme", "run/42"));
+    assert!(SessionKey::parse("nokey").is_none());
+    assert!(SessionKey::parse("/x").is_none());
+    assert!(SessionKey::parse("x/").is_none());
+}
+
+#[test]
+fn policy_validation_names_the_key() {
+    assert!(PolicySpec::fixed(0)
+        .validate()
+        .unwrap_err()
+        .contains("delay"));
+    let e = PolicySpec::adaptive(10, 5).validate().unwrap_err();
+    assert!(e.contains("max-delay") && e.contains("min-delay"), "{e}");
+    let e = PolicySpec::fixed(5)
+        .with_max_wait(0)
+        .validate()
+        .unwrap_err();
+    assert!(e.contains("max-wait"), "{e}");
+}
