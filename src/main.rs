@@ -39,6 +39,23 @@ enum Command {
         #[arg(long)]
         output: Option<PathBuf>,
     },
+    /// Replay a trace under many debounce settings; compare cost (emissions) with time-to-ready,
+    /// mark the Pareto-optimal settings and recommend one for a goal.
+    Tune {
+        /// Trace: one upload record per line plus "ts" (epoch ms or RFC 3339), as for `simulate`.
+        #[arg(long)]
+        input: PathBuf,
+        /// Settings to replay: POLICY:VALUES groups separated by ';', e.g.
+        /// "fixed:5s,1m;leading-trailing:10s;adaptive:5s/10m;max-wait:none,30m".
+        #[arg(long, value_name = "SPEC", default_value = settle::tune::DEFAULT_SWEEP)]
+        sweep: settle::tune::Sweep,
+        /// Goal of the recommendation: pNN<=DURATION with NN = 50, 90 or 99.
+        #[arg(long, default_value = settle::tune::DEFAULT_GOAL)]
+        goal: settle::tune::Goal,
+        /// Also write the cost/latency chart: FILE.svg (chart) or FILE.html (table and chart).
+        #[arg(long, value_name = "FILE")]
+        report: Option<PathBuf>,
+    },
     /// Validate a config file without connecting to anything.
     CheckConfig {
         /// Config file (TOML).
@@ -77,6 +94,23 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             input,
             output,
         } => simulate(config, input, output),
+        Command::Tune {
+            input,
+            sweep,
+            goal,
+            report,
+        } => {
+            settle::tune::run(
+                settle::tune::TuneArgs {
+                    input,
+                    sweep,
+                    goal,
+                    report,
+                },
+                &mut std::io::stdout().lock(),
+            )?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::CheckConfig { file } => {
             let cfg = Config::load(Some(&file))?;
             println!("{}: ok", file.display());

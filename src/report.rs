@@ -67,10 +67,11 @@ impl RunStats {
     pub fn record_emission(&mut self, e: &Emission, emitted_at: Millis) {
         self.emissions += 1;
         *self.by_trigger.entry(e.trigger).or_default() += 1;
-        self.time_to_ready
-            .saturating_record((emitted_at - e.last_upload_at).max(0) as u64);
-        self.lateness
-            .saturating_record((emitted_at - e.due_at).max(0) as u64);
+        // Auto-resizing histograms grow to any u64, so `record` cannot fail on range.
+        let _ = self
+            .time_to_ready
+            .record((emitted_at - e.last_upload_at).max(0) as u64);
+        let _ = self.lateness.record((emitted_at - e.due_at).max(0) as u64);
     }
 
     /// Uploads per emission (0 when nothing was emitted).
@@ -122,11 +123,13 @@ fn percentiles(h: &Histogram<u64>) -> Percentiles {
     if h.is_empty() {
         return Percentiles::default();
     }
+    // Report the lowest value of each bucket: exact below 2 048 ms, within 0.1 % above.
+    let q = |x: f64| h.lowest_equivalent(h.value_at_quantile(x));
     Percentiles {
-        p50: h.value_at_quantile(0.50),
-        p90: h.value_at_quantile(0.90),
-        p99: h.value_at_quantile(0.99),
-        max: h.max(),
+        p50: q(0.50),
+        p90: q(0.90),
+        p99: q(0.99),
+        max: h.lowest_equivalent(h.max()),
     }
 }
 

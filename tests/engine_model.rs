@@ -149,7 +149,9 @@ fn spec_strategy() -> impl Strategy<Value = PolicySpec> {
 }
 
 /// A trace: (gap to previous upload ms, key index, part, final).
-fn trace_strategy() -> impl Strategy<Value = Vec<(Millis, usize, Option<(u32, u32)>, bool)>> {
+type Trace = Vec<(Millis, usize, Option<(u32, u32)>, bool)>;
+
+fn trace_strategy() -> impl Strategy<Value = Trace> {
     prop::collection::vec(
         (
             prop_oneof![4 => 0i64..50, 2 => 0i64..400, 1 => 0i64..3000],

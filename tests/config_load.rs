@@ -1,0 +1,214 @@
+//! `Config::load`: file, environment (`SETTLE_…`) and their precedence, and the shipped
+//! `config/settle.toml`. Environment tests run inside `figment::Jail`, which serializes them
+//! and restores the environment afterwards.
+
+use figment::Jail;
+use settle::config::{Config, ConfigError};
+use settle::engine::{PolicyName, PolicySpec};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+fn shipped() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("config/settle.toml")
+}
+
+/// Runs `f` in a jail with an empty environment.
+// The closure's error type is figment's own (large) `figment::Error`, fixed by `Jail`.
+#[allow(clippy::result_large_err)]
+fn jailed(f: impl FnOnce(&mut Jail) -> Result<(), String>) {
+    Jail::expect_with(|jail| {
+        jail.clear_env();
+        f(jail).map_err(figment::Error::from)
+    });
+}
+
+#[test]
+fn shipped_file_equals_the_defaults() {
+    jailed(|_| {
+        let c = Config::load(Some(&shipped())).map_err(|e| e.to_string())?;
+        assert_eq!(c, Config::default());
+        assert_eq!(
+            Config::load(None).map_err(|e| e.to_string())?,
+            Config::default()
+        );
+        Ok(())
+    });
+}
+
+#[test]
+fn shipped_file_examples_parse_when_uncommented() {
+    let text = std::fs::read_to_string(shipped()).unwrap();
+    // Commented-out settings look like `# key = value` or `# [table]`.
+    let uncommented: String = text
+        .lines()
+        .map(|l| match l.strip_prefix("# ") {
+            Some(rest)
+                if rest.starts_with('[')
+                    || rest.split_once(" = ").is_some_and(|(k, _)| {
+                        k.bytes().all(|b| b.is_ascii_lowercase() || b == b'-')
+                    }) =>
+            {
+                rest
+            }
+            _ => l,
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let c = Config::from_toml_str(&uncommented).unwrap();
+    assert_eq!(c.debounce.max_wait, Some(Duration::from_secs(30 * 60)));
+    let acme = c.policy_table().for_tenant("acme").clone();
+    assert_eq!(acme.name, PolicyName::Fixed);
+    assert_eq!(acme.delay, 500);
+    assert_eq!(acme.max_wait, Some(1_800_000));
+}
+
+#[test]
+fn shipped_file_documents_every_key_with_its_env_var() {
+    let text = std::fs::read_to_string(shipped()).unwrap();
+    let defaults = toml::to_string(&Config::default()).unwrap();
+    let mut section = String::new();
+    let mut keys = 0;
+    for line in defaults.lines() {
+        if let Some(s) = line.strip_prefix('[') {
+            section = s.trim_end_matches(']').to_owned();
+        } else if let Some((key, _)) = line.split_once(" = ") {
+            let env = settle::config::env_var_for(&format!("{section}.{key}"));
+            assert!(
+                text.contains(&format!("\n{key} = ")),
+                "{key} not set in settle.toml"
+            );
+            assert!(text.contains(&env), "{env} not documented in settle.toml");
+            keys += 1;
+        }
+    }
+    assert_eq!(keys, 10);
+    assert!(text.contains("SETTLE_DEBOUNCE__MAX_WAIT"));
+}
+
+#[test]
+fn file_then_environment() {
+    jailed(|jail| {
+        jail.create_file(
+            "settle.toml",
+            r#"
+            [debounce]
+            policy = "fixed"
+            delay = "2s"
+            min-delay = "1s"
+            [runtime]
+            batch-size = 10
+            "#,
+        )
+        .map_err(|e| e.to_string())?;
+        jail.set_env("SETTLE_DEBOUNCE__DELAY", "750ms");
+        jail.set_env("SETTLE_DEBOUNCE__MAX_WAIT", "1h");
+        jail.set_env("SETTLE_RUNTIME__BATCH_SIZE", "64");
+        jail.set_env("SETTLE_RUNTIME__CATCH_UP_RATE", "5");
+        jail.set_env("SETTLE_STORE__DATA_DIR", "/var/lib/settle");
+        let c = Config::load(Some(Path::new("settle.toml"))).map_err(|e| e.to_string())?;
+        assert_eq!(c.debounce.policy, PolicyName::Fixed, "file value kept");
+        assert_eq!(
+            c.debounce.delay,
+            Duration::from_millis(750),
+            "env beats file"
+        );
+        assert_eq!(
+            c.debounce.min_delay,
+            Duration::from_secs(1),
+            "file beats default"
+        );
+        assert_eq!(c.debounce.max_wait, Some(Duration::from_secs(3600)));
+        assert_eq!(c.runtime.batch_size, 64);
+        assert_eq!(c.runtime.catch_up_rate, 5);
+        assert_eq!(c.store.data_dir, PathBuf::from("/var/lib/settle"));
+        assert_eq!(
+            c.policy_table().default,
+            PolicySpec {
+                min_delay: 1_000,
+                max_delay: 600_000,
+                ..PolicySpec::fixed(750).with_max_wait(3_600_000)
+            }
+        );
+        Ok(())
+    });
+}
+
+#[test]
+fn env_sets_nested_and_tenant_keys() {
+    jailed(|jail| {
+        jail.set_env("SETTLE_DEBOUNCE__MIN_DELAY", "2s");
+        jail.set_env("SETTLE_DEBOUNCE__TENANTS__ACME__POLICY", "leading-trailing");
+        jail.set_env("SETTLE_DEBOUNCE__TENANTS__ACME__MAX_WAIT", "off");
+        let c = Config::load(None).map_err(|e| e.to_string())?;
+        assert_eq!(c.debounce.min_delay, Duration::from_secs(2));
+        let t = c.policy_table();
+        assert_eq!(t.default.min_delay, 2_000);
+        assert_eq!(t.for_tenant("acme").name, PolicyName::LeadingTrailing);
+        assert_eq!(t.for_tenant("acme").delay, 10_000, "inherited");
+        Ok(())
+    });
+}
+
+#[test]
+fn env_without_a_section_is_not_config() {
+    jailed(|jail| {
+        jail.set_env("SETTLE_CONFIG", "/etc/settle.toml");
+        jail.set_env("SETTLE_LOG", "debug");
+        jail.set_env("OTHER__DEBOUNCE__DELAY", "nonsense");
+        assert_eq!(
+            Config::load(None).map_err(|e| e.to_string())?,
+            Config::default()
+        );
+        Ok(())
+    });
+}
+
+#[test]
+fn bad_env_values_name_the_key_and_the_variable() {
+    jailed(|jail| {
+        jail.set_env("SETTLE_DEBOUNCE__MIN_DELAY", "2 fortnights");
+        let e = Config::load(None).unwrap_err();
+        assert_eq!(e.key(), Some("debounce.min-delay"));
+        let text = e.to_string();
+        assert!(text.contains("SETTLE_DEBOUNCE__MIN_DELAY"), "{text}");
+        assert!(text.contains("1ms to 365days"), "{text}");
+        Ok(())
+    });
+    jailed(|jail| {
+        jail.set_env("SETTLE_DEBOUNCE__DELAYS", "2s");
+        let e = Config::load(None).unwrap_err();
+        assert_eq!(e.key(), Some("debounce.delays"));
+        assert!(e.to_string().contains("unknown key"), "{e}");
+        Ok(())
+    });
+    jailed(|jail| {
+        // Range checks see the merged value.
+        jail.set_env("SETTLE_DEBOUNCE__MAX_DELAY", "1s");
+        let e = Config::load(None).unwrap_err();
+        assert!(matches!(e, ConfigError::Invalid { .. }), "{e:?}");
+        assert_eq!(e.key(), Some("debounce.max-delay"));
+        Ok(())
+    });
+}
+
+#[test]
+fn file_errors_name_the_file() {
+    jailed(|jail| {
+        let e = Config::load(Some(Path::new("missing.toml"))).unwrap_err();
+        assert!(matches!(e, ConfigError::Read { .. }), "{e:?}");
+        assert!(e.to_string().contains("missing.toml"), "{e}");
+
+        jail.create_file("bad.toml", "[debounce]\nstate-ttl = \"forever\"\n")
+            .map_err(|e| e.to_string())?;
+        let e = Config::load(Some(Path::new("bad.toml"))).unwrap_err();
+        assert_eq!(e.key(), Some("debounce.state-ttl"));
+        assert!(e.to_string().contains("bad.toml"), "{e}");
+
+        jail.create_file("broken.toml", "[debounce\n")
+            .map_err(|e| e.to_string())?;
+        let e = Config::load(Some(Path::new("broken.toml"))).unwrap_err();
+        assert_eq!(e.key(), None);
+        assert!(e.to_string().contains("broken.toml"), "{e}");
+        Ok(())
+    });
+}
