@@ -7,6 +7,14 @@
 
 pub mod codec;
 pub mod config;
+pub mod demo;
 pub mod engine;
+pub mod inspect;
+pub mod loadgen;
+pub mod report;
+pub mod runtime;
 pub mod simulate;
 pub mod store;
+pub mod tiers;
+pub mod transport;
+pub mod tune;

@@ -27,6 +27,62 @@ enum LogFormat {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run the real runtime on RocksDB with an in-memory broker through the seed's scenarios
+    /// (700-way bursts, split uploads, slow trickles, many tenants); about 20 s.
+    Demo {
+        /// Keep the partition stores here (a temporary directory otherwise).
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// Partitions of the in-memory input topic.
+        #[arg(long, default_value_t = 4)]
+        partitions: i32,
+        /// Seed of the scenario generators.
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
+        /// No progress bar (for logs and CI).
+        #[arg(long)]
+        no_progress: bool,
+    },
+    /// Read partition stores offline: pending rounds, next due times, outbox size, offsets.
+    Inspect {
+        /// The `store.data-dir` of the instance (stores live in DIR/TOPIC/PARTITION).
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// Only this input topic.
+        #[arg(long)]
+        topic: Option<String>,
+        /// Only this partition.
+        #[arg(long)]
+        partition: Option<i32>,
+        /// Show one session's state (CallTrack, open round, next due): tenant/session.
+        #[arg(long)]
+        session: Option<String>,
+        /// How many upcoming timers to list per partition.
+        #[arg(long, default_value_t = 5)]
+        timers: usize,
+        /// Config file, to show due times with the policies in force.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Test harness: run the runtime on a file-fed memory transport until the input is done.
+    #[command(hide = true)]
+    RunFile {
+        /// Trace (as for `simulate`).
+        #[arg(long)]
+        input: PathBuf,
+        /// Store directory (kept across restarts).
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// Every published ready record is appended here (JSONL).
+        #[arg(long)]
+        output: PathBuf,
+        /// Config file.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Partitions of the in-memory input topic.
+        #[arg(long, default_value_t = 4)]
+        partitions: i32,
+    },
     /// Replay a JSONL trace through the engine in event time and print the ready records.
     Simulate {
         /// Config file (TOML); without it the defaults of config/settle.toml apply.
@@ -63,9 +119,10 @@ enum Command {
     },
 }
 
-fn init_logging(format: LogFormat) {
+/// Logs go to stderr; `SETTLE_LOG` (tracing filter syntax) overrides `default_level`.
+fn init_logging(format: LogFormat, default_level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SETTLE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -77,7 +134,12 @@ fn init_logging(format: LogFormat) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    // The demo draws a progress bar and a table: only warnings would disturb them.
+    let default_level = match cli.command {
+        Command::Demo { .. } => "warn",
+        _ => "info",
+    };
+    init_logging(cli.log_format, default_level);
     match run(cli.command) {
         Ok(code) => code,
         Err(e) => {
@@ -89,6 +151,58 @@ fn main() -> ExitCode {
 
 fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
+        Command::Demo {
+            data_dir,
+            partitions,
+            seed,
+            no_progress,
+        } => {
+            let report = settle::demo::run(settle::demo::DemoArgs {
+                data_dir,
+                partitions,
+                seed,
+                progress: !no_progress,
+            })?;
+            println!("{report}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Inspect {
+            data_dir,
+            topic,
+            partition,
+            session,
+            timers,
+            config,
+        } => {
+            settle::inspect::run(
+                settle::inspect::InspectArgs {
+                    data_dir,
+                    topic,
+                    partition,
+                    session,
+                    timers,
+                    config,
+                },
+                &mut std::io::stdout().lock(),
+            )?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::RunFile {
+            input,
+            data_dir,
+            output,
+            config,
+            partitions,
+        } => {
+            settle::runtime::run_file::run(settle::runtime::run_file::RunFileArgs {
+                input,
+                data_dir,
+                output,
+                config,
+                partitions,
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Simulate {
             config,
             input,

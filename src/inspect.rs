@@ -1,0 +1,255 @@
+//! `settle inspect`: reads partition stores offline (read-only; safe next to a running
+//! processor, which it does not lock) and prints, per partition, the stored next offset,
+//! partition time, sessions, pending rounds, outbox size and the next due times; for one
+//! session, its state (generation, CallTrack, open round) and its next due time.
+//!
+//! Stores are found under `<data-dir>/<topic>/<partition>` (see `store::partition_path`).
+
+use crate::codec::format_rfc3339_ms;
+use crate::config::Config;
+use crate::engine::{Engine, Millis, SessionKey, SessionState};
+use crate::store::{PartitionStore, StoreOptions};
+use anyhow::Context;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Arguments of `settle inspect`.
+#[derive(Clone, Debug)]
+pub struct InspectArgs {
+    /// `--data-dir`: the `store.data-dir` of the processor.
+    pub data_dir: PathBuf,
+    /// `--topic`: only stores of this input topic (default: every topic directory).
+    pub topic: Option<String>,
+    /// `--partition`: only this partition.
+    pub partition: Option<i32>,
+    /// `--session tenant/session`: print this session's state (from every store that has it).
+    pub session: Option<String>,
+    /// `--timers N`: how many next due times to list per partition (default 5).
+    pub timers: usize,
+    /// `--config`: the processor's config, for the session's state expiry (`state-ttl`);
+    /// defaults apply without it.
+    pub config: Option<PathBuf>,
+}
+
+impl InspectArgs {
+    /// Every partition of every topic under `data_dir`, 5 timers, no session.
+    pub fn new(data_dir: PathBuf) -> Self {
+        InspectArgs {
+            data_dir,
+            topic: None,
+            partition: None,
+            session: None,
+            timers: 5,
+            config: None,
+        }
+    }
+}
+
+/// What one partition store holds (its `meta` counters and first timers).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PartitionInfo {
+    /// Store directory.
+    pub path: PathBuf,
+    /// Input topic (directory name).
+    pub topic: String,
+    /// Partition number.
+    pub partition: i32,
+    /// Next input offset to consume (`None`: nothing applied yet).
+    pub next_offset: Option<i64>,
+    /// Partition time (ms), SEMANTICS §3.
+    pub partition_time: Option<Millis>,
+    /// Keys with state.
+    pub sessions: u64,
+    /// Keys with an open round.
+    pub pending_rounds: u64,
+    /// Owed emissions.
+    pub outbox_len: u64,
+    /// First timers `(due ms, key)` in firing order.
+    pub next_due: Vec<(Millis, SessionKey)>,
+}
+
+/// One session found in a store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionInfo {
+    /// Partition whose store holds it.
+    pub partition: i32,
+    /// Its state.
+    pub state: SessionState,
+    /// Its timer: the open round's due time, or the state's expiry.
+    pub next_due: Millis,
+}
+
+/// Stores under `args.data_dir` matching `args.topic` / `args.partition`, as `(topic,
+/// partition, path)` sorted.
+///
+/// Errors: `data_dir` cannot be read.
+pub fn find_stores(args: &InspectArgs) -> anyhow::Result<Vec<(String, i32, PathBuf)>> {
+    let mut out = Vec::new();
+    let topics = std::fs::read_dir(&args.data_dir)
+        .with_context(|| format!("cannot read data dir {}", args.data_dir.display()))?;
+    for topic in topics.flatten() {
+        let name = topic.file_name().to_string_lossy().into_owned();
+        if !topic.path().is_dir() || args.topic.as_ref().is_some_and(|t| *t != name) {
+            continue;
+        }
+        let Ok(parts) = std::fs::read_dir(topic.path()) else {
+            continue;
+        };
+        for part in parts.flatten() {
+            let Ok(p) = part.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            if part.path().is_dir() && args.partition.is_none_or(|want| want == p) {
+                out.push((name.clone(), p, part.path()));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn open(path: &Path) -> anyhow::Result<PartitionStore> {
+    PartitionStore::open_read_only(path, &StoreOptions::default())
+        .with_context(|| format!("cannot read the store at {}", path.display()))
+}
+
+/// Reads one store's figures and its first `timers` timers.
+///
+/// Errors: the store cannot be opened or read.
+pub fn partition_info(
+    topic: &str,
+    partition: i32,
+    path: &Path,
+    timers: usize,
+) -> anyhow::Result<PartitionInfo> {
+    let store = open(path)?;
+    Ok(PartitionInfo {
+        path: path.to_path_buf(),
+        topic: topic.to_owned(),
+        partition,
+        next_offset: store.stored_offset(),
+        partition_time: store.partition_time(),
+        sessions: store.session_count(),
+        pending_rounds: store.pending_rounds(),
+        outbox_len: store.outbox_len(),
+        next_due: store.timers(timers)?,
+    })
+}
+
+/// Prints the stores (and the session, if asked) to `out`. Returns how many stores were read.
+///
+/// Errors: no store matches, a store cannot be read, the session key is not
+/// `tenant/session`, the config cannot be loaded, or writing to `out` fails.
+pub fn run(args: InspectArgs, out: &mut impl Write) -> anyhow::Result<usize> {
+    let stores = find_stores(&args)?;
+    if stores.is_empty() {
+        anyhow::bail!(
+            "no partition store under {} (expected <data-dir>/<topic>/<partition>)",
+            args.data_dir.display()
+        );
+    }
+    let key = match &args.session {
+        Some(k) => Some(
+            SessionKey::parse(k)
+                .with_context(|| format!("--session {k:?} is not tenant/session"))?,
+        ),
+        None => None,
+    };
+    let engine = Engine::new(Config::load(args.config.as_deref())?.policy_table());
+    let mut found = false;
+    for (topic, partition, path) in &stores {
+        let info = partition_info(topic, *partition, path, args.timers)?;
+        print_partition(&info, out)?;
+        if let Some(key) = &key {
+            let store = open(path)?;
+            if let Some(state) = store.session(key)? {
+                found = true;
+                let session = SessionInfo {
+                    partition: *partition,
+                    next_due: engine.next_due(key, &state),
+                    state,
+                };
+                print_session(key, &session, out)?;
+            }
+        }
+    }
+    if let Some(key) = &key {
+        if !found {
+            writeln!(out, "session {key}: no state in any store read")?;
+        }
+    }
+    Ok(stores.len())
+}
+
+fn time(ms: Option<Millis>) -> String {
+    ms.map_or_else(
+        || "-".to_owned(),
+        |t| format!("{} ({t})", format_rfc3339_ms(t)),
+    )
+}
+
+fn print_partition(i: &PartitionInfo, out: &mut impl Write) -> std::io::Result<()> {
+    writeln!(out, "{}/{}  ({})", i.topic, i.partition, i.path.display())?;
+    let offset = i.next_offset.map_or("-".to_owned(), |o| o.to_string());
+    writeln!(out, "  next offset     {offset}")?;
+    writeln!(out, "  partition time  {}", time(i.partition_time))?;
+    writeln!(out, "  sessions        {}", i.sessions)?;
+    writeln!(out, "  pending rounds  {}", i.pending_rounds)?;
+    writeln!(out, "  outbox          {} owed emission(s)", i.outbox_len)?;
+    if i.next_due.is_empty() {
+        writeln!(out, "  next due        -")?;
+    }
+    for (n, (due, key)) in i.next_due.iter().enumerate() {
+        let label = if n == 0 { "next due" } else { "" };
+        writeln!(out, "  {label:<15} {}  {key}", format_rfc3339_ms(*due))?;
+    }
+    Ok(())
+}
+
+fn print_session(key: &SessionKey, s: &SessionInfo, out: &mut impl Write) -> std::io::Result<()> {
+    let st = &s.state;
+    writeln!(out, "  session {key} (partition {})", s.partition)?;
+    writeln!(out, "    generation      {}", st.generation)?;
+    writeln!(out, "    last upload     {}", time(Some(st.last_upload_at)))?;
+    if let Some(id) = &st.last_applied_event_id {
+        writeln!(out, "    last event_id   {id}")?;
+    }
+    match st.track {
+        Some(t) => writeln!(
+            out,
+            "    CallTrack       time {} · delay {} ms",
+            format_rfc3339_ms(t.time),
+            t.delay
+        )?,
+        None => writeln!(out, "    CallTrack       -")?,
+    }
+    match &st.round {
+        Some(r) => {
+            writeln!(
+                out,
+                "    open round      {} upload(s) · start {} · deadline {} · delay {} ms",
+                r.uploads,
+                format_rfc3339_ms(r.start),
+                format_rfc3339_ms(r.deadline),
+                r.delay
+            )?;
+            if let Some(m) = r.max_wait_at {
+                writeln!(out, "    max-wait at     {}", format_rfc3339_ms(m))?;
+            }
+            if !r.parts.is_empty() {
+                writeln!(out, "    parts seen      {:?}", r.parts)?;
+            }
+        }
+        None => writeln!(out, "    open round      -")?,
+    }
+    let what = if st.round.is_some() {
+        "round due"
+    } else {
+        "state expires"
+    };
+    writeln!(
+        out,
+        "    next due        {} ({what})",
+        format_rfc3339_ms(s.next_due)
+    )
+}

@@ -1,0 +1,558 @@
+//! The task of one owned partition. It owns the partition's [`PartitionStore`], its
+//! [`PartitionClock`], its input handle and its outbox publisher; nothing of it is shared.
+//!
+//! # One step
+//!
+//! 1. Poll a batch (at most `batch-size` records). The wait is bounded by `idle-tick` and,
+//!    when the partition is caught up, by the wall-clock time until its earliest timer, so
+//!    an idle partition wakes exactly when a round falls due (SEMANTICS §3: no "suppress
+//!    never emits on idle input").
+//! 2. Decode every record (`codec::decode_upload`, event time capped at the wall clock); a
+//!    bad record is dead-lettered with its reason (awaited) and its offset still advances.
+//! 3. In ONE store batch: for each upload, fire the timers due up to its event time (a round
+//!    due before a later upload fires first), advance the partition clock to the event time
+//!    and apply it through `engine::Driver`; when the partition is caught up, move partition
+//!    time to the wall clock and fire what is due. Push the emissions to the outbox, set the
+//!    next offset and the partition time, commit. Then commit the next offset to the source.
+//! 4. Hand owed emissions to the publisher; delete acknowledged ones from the outbox.
+//!
+//! # Catch-up pacing
+//!
+//! A timer overdue by more than `idle-tick` (it fell due while the process was down, or a
+//! backlog is being replayed) fires only when the partition's [`CatchUpPacer`] has a token
+//! (`catch-up-rate` emissions/s).
+//! When it has none, the step stops right there: the remaining records stay decoded in
+//! memory (at most one batch) and are applied after the pending timers, so due order is kept
+//! and nothing fires early or out of order; the store is committed up to that point.
+//!
+//! # Failure
+//!
+//! Every store error is fatal for the partition: the task logs it, sets status
+//! [`PartitionState::Failed`], stops its publisher, commits nothing more to the source and
+//! returns. The store still holds the last committed batch, so a restart resumes there.
+//!
+//! # Stop
+//!
+//! On cancellation (shutdown or revocation) the task stops fetching, finishes the step it is
+//! in, waits for the outbox to drain until the flush deadline, then stops the publisher,
+//! flushes and closes the store.
+
+use super::clock::{Clock, PartitionClock};
+use super::pacer::CatchUpPacer;
+use super::publisher::{self, PublishTarget};
+use super::status::{PartitionState, PartitionStatus, StatusBoard};
+use crate::codec;
+use crate::engine::{Applied, Driver, Emission, Engine, Millis, SessionTable, Upload};
+use crate::store::{self, Batch, PartitionStore};
+use crate::transport::{Backoff, InputRecord, PartitionInput, Sink};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// How a partition task ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PartitionExit {
+    /// Stopped on request; the store is closed. `flushed`: the outbox was empty at the end
+    /// (otherwise the rest is published after the next start).
+    Stopped {
+        /// The outbox was fully acknowledged before the store closed.
+        flushed: bool,
+    },
+    /// Stopped on a fatal error (see the module docs); the message says what failed.
+    Failed(String),
+}
+
+/// Settings of partition tasks (from `[runtime]`, `[store]` and the output config).
+#[derive(Clone, Debug)]
+pub struct PartitionSettings {
+    /// Most records per poll and per store batch (`runtime.batch-size`).
+    pub batch_size: usize,
+    /// Longest poll wait; also the lateness above which a timer counts as overdue for
+    /// catch-up pacing (`runtime.idle-tick`).
+    pub idle_tick: Duration,
+    /// How long a stopping task waits for its outbox to drain.
+    pub flush_timeout: Duration,
+    /// Where emissions are published.
+    pub publish: PublishTarget,
+    /// `runtime.catch-up-rate`: overdue emissions released per second (0 = unlimited).
+    pub catch_up_rate: u32,
+}
+
+/// Everything a partition task needs besides its store and input. Cheap to clone.
+#[derive(Clone)]
+pub struct PartitionContext<K, C> {
+    /// The debounce engine (policies).
+    pub engine: Engine,
+    /// Where emissions and dead letters go.
+    pub sink: K,
+    /// The wall clock.
+    pub clock: C,
+    /// Task settings.
+    pub settings: Arc<PartitionSettings>,
+    /// Where the task reports its status.
+    pub status: StatusBoard,
+}
+
+/// A consumed record, decoded and waiting to be applied.
+struct Pending {
+    offset: i64,
+    /// `None`: the record was dead-lettered; applying it only moves the offset.
+    upload: Option<Upload>,
+}
+
+/// Whether every timer due at the target time fired.
+enum Fired {
+    All,
+    /// Stopped early: retry after this long (catch-up pacing, or the per-step fire cap).
+    Paused(Duration),
+}
+
+/// What one store step did.
+#[derive(Default)]
+struct StepReport {
+    /// The step stopped for pacing; call again after this long.
+    paused: Option<Duration>,
+    /// Next offset to commit to the source, if the step applied records.
+    next_offset: Option<i64>,
+}
+
+/// Runs the task of the partition read by `input`, on the already opened `store`, until
+/// `cancel` fires or a fatal error. Resumes from the store: seeks the input to the stored
+/// next offset, re-arms timers (they are in the store), re-publishes the outbox.
+pub async fn run<I: PartitionInput, K: Sink, C: Clock>(
+    ctx: PartitionContext<K, C>,
+    store: PartitionStore,
+    input: I,
+    cancel: CancellationToken,
+) -> PartitionExit {
+    let partition = input.partition();
+    let (entries_tx, entries_rx) = mpsc::channel(ctx.settings.publish.window.max(1));
+    let (acks_tx, acks_rx) = mpsc::unbounded_channel();
+    let publisher = tokio::spawn(publisher::run(
+        ctx.sink.clone(),
+        ctx.clock.clone(),
+        ctx.settings.publish.clone(),
+        entries_rx,
+        acks_tx,
+    ));
+    let mut task = Task {
+        status: PartitionStatus::starting(input.topic(), partition),
+        clock: PartitionClock::resume(store.partition_time()),
+        driver: Driver::new(ctx.engine.clone()),
+        pacer: CatchUpPacer::new(ctx.settings.catch_up_rate),
+        held: VecDeque::new(),
+        caught_up: false,
+        publish_from: 0,
+        in_flight: 0,
+        entries: Some(entries_tx),
+        acks: acks_rx,
+        ctx,
+        store,
+        input,
+    };
+    let exit = match task.run(&cancel).await {
+        Ok(()) => {
+            task.set_state(PartitionState::Stopping);
+            task.finish().await
+        }
+        Err(reason) => {
+            tracing::error!(partition, error = %reason, "partition stopped: nothing more is consumed or committed for it");
+            PartitionExit::Failed(reason)
+        }
+    };
+    task.entries = None;
+    publisher.abort();
+    task.set_state(match &exit {
+        PartitionExit::Stopped { .. } => PartitionState::Stopped,
+        PartitionExit::Failed(r) => PartitionState::Failed(r.clone()),
+    });
+    exit
+}
+
+struct Task<I, K, C> {
+    ctx: PartitionContext<K, C>,
+    store: PartitionStore,
+    input: I,
+    clock: PartitionClock,
+    driver: Driver,
+    pacer: CatchUpPacer,
+    /// Consumed, decoded records not applied yet (catch-up pacing); at most one batch.
+    held: VecDeque<Pending>,
+    /// The last poll found the partition at its end.
+    caught_up: bool,
+    /// Outbox sequence numbers below this were handed to the publisher.
+    publish_from: u64,
+    /// Handed to the publisher and not acknowledged yet.
+    in_flight: u64,
+    entries: Option<mpsc::Sender<store::OutboxEntry>>,
+    acks: mpsc::UnboundedReceiver<u64>,
+    status: PartitionStatus,
+}
+
+/// Fatal error text for a store failure.
+fn fatal(e: store::Error) -> String {
+    format!("partition store: {e}")
+}
+
+impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
+    fn partition(&self) -> i32 {
+        self.status.partition
+    }
+
+    async fn run(&mut self, cancel: &CancellationToken) -> Result<(), String> {
+        if let Some(next) = self.store.stored_offset() {
+            self.seek(next, cancel).await?;
+        }
+        tracing::info!(
+            partition = self.partition(),
+            next_offset = ?self.store.stored_offset(),
+            partition_time = self.clock.now(),
+            outbox = self.store.outbox_len(),
+            pending_rounds = self.store.pending_rounds(),
+            "partition resumed from its store"
+        );
+        self.refresh_status().map_err(fatal)?;
+        let mut paused: Option<Duration> = None;
+        loop {
+            self.take_acks().map_err(fatal)?;
+            self.feed_publisher().map_err(fatal)?;
+            if cancel.is_cancelled() {
+                return Ok(());
+            }
+            if self.held.is_empty() {
+                let wait = self.poll_wait(paused).map_err(fatal)?;
+                let settings = Arc::clone(&self.ctx.settings);
+                let polled = tokio::select! {
+                    biased;
+                    () = cancel.cancelled() => return Ok(()),
+                    r = self.input.poll(settings.batch_size, wait) => r,
+                };
+                match polled {
+                    Ok(batch) => {
+                        let complete = self.decode(batch.records, cancel).await;
+                        // A truncated batch leaves records unread: not caught up.
+                        self.caught_up = batch.caught_up && complete;
+                    }
+                    Err(e) if e.is_retryable() => {
+                        tracing::warn!(partition = self.partition(), error = %e, "poll failed; retrying");
+                        pause(cancel, Duration::from_millis(200)).await;
+                        continue;
+                    }
+                    Err(e) => return Err(format!("poll: {e}")),
+                }
+            } else if let Some(p) = paused {
+                pause(cancel, p).await;
+            }
+            let report = self.step().map_err(fatal)?;
+            paused = report.paused;
+            if let Some(next) = report.next_offset {
+                if let Err(e) = self.input.commit(next).await {
+                    tracing::warn!(partition = self.partition(), error = %e, next_offset = next, "offset commit failed; the store keeps the offset");
+                }
+            }
+            self.refresh_status().map_err(fatal)?;
+            // Let the publisher and other partitions run between steps of a long catch-up.
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// How long the next poll may wait for input.
+    fn poll_wait(&self, pause: Option<Duration>) -> Result<Duration, store::Error> {
+        let tick = self.ctx.settings.idle_tick;
+        if let Some(p) = pause {
+            return Ok(p.min(tick));
+        }
+        if !self.caught_up {
+            return Ok(tick);
+        }
+        // Caught up: partition time follows the wall clock, so sleep until the next timer.
+        Ok(match self.store.next_timer()? {
+            Some((due, _)) => {
+                let ms = (due - self.ctx.clock.now_ms()).clamp(0, tick.as_millis() as Millis);
+                Duration::from_millis(ms as u64)
+            }
+            None => tick,
+        })
+    }
+
+    /// Seeks the input to `next`, retrying while the error is retryable.
+    async fn seek(&mut self, next: i64, cancel: &CancellationToken) -> Result<(), String> {
+        let mut backoff = Backoff::new(Duration::from_secs(5));
+        loop {
+            match self.input.seek(next).await {
+                Ok(()) => return Ok(()),
+                Err(e) if e.is_retryable() && !cancel.is_cancelled() => {
+                    tracing::warn!(partition = self.partition(), error = %e, "seek failed; retrying");
+                    pause(cancel, backoff.next_delay()).await;
+                }
+                Err(e) => return Err(format!("seek: {e}")),
+            }
+        }
+    }
+
+    /// Decodes a polled batch into `held`; dead-letters bad records (awaited, retried while
+    /// the sink is unavailable) before they count as applied.
+    /// Returns `false` when stopped before the whole batch was decoded (the rest is dropped
+    /// and read again after the next start).
+    async fn decode(&mut self, records: Vec<InputRecord>, cancel: &CancellationToken) -> bool {
+        let wall = self.ctx.clock.now_ms();
+        for r in records {
+            self.status.records += 1;
+            let upload =
+                match codec::decode_upload(r.key.as_deref(), &r.payload, r.timestamp_ms, wall) {
+                    Ok(u) => Some(u),
+                    Err(e) => {
+                        if !self.dead_letter(&r, e.reason(), cancel).await {
+                            // Stopping while the dead-letter topic is unavailable: this record
+                            // and the rest of the batch are not applied; they are read again
+                            // after the next start.
+                            return false;
+                        }
+                        None
+                    }
+                };
+            self.held.push_back(Pending {
+                offset: r.offset,
+                upload,
+            });
+        }
+        true
+    }
+
+    /// Sends `record` to the dead-letter topic; `false` if stopped before it was acknowledged.
+    async fn dead_letter(
+        &mut self,
+        record: &InputRecord,
+        reason: &str,
+        cancel: &CancellationToken,
+    ) -> bool {
+        tracing::warn!(
+            partition = self.partition(),
+            offset = record.offset,
+            reason,
+            "bad record: dead-lettered"
+        );
+        let mut backoff = Backoff::new(Duration::from_secs(5));
+        loop {
+            match self.ctx.sink.dead_letter(record, reason).await {
+                Ok(()) => {
+                    self.status.dead_letters += 1;
+                    return true;
+                }
+                Err(_) if cancel.is_cancelled() => return false,
+                Err(e) => {
+                    tracing::warn!(partition = self.partition(), error = %e, "dead letter failed; retrying");
+                    pause(cancel, backoff.next_delay()).await;
+                }
+            }
+        }
+    }
+
+    /// One store batch: apply held records and fire due timers (paced), commit.
+    fn step(&mut self) -> Result<StepReport, store::Error> {
+        let wall = self.ctx.clock.now_ms();
+        let grace = self.ctx.settings.idle_tick.as_millis() as Millis;
+        let mut budget = self.ctx.settings.batch_size.max(1);
+        let mut out: Vec<Emission> = Vec::new();
+        let mut report = StepReport::default();
+        let mut applied: Option<i64> = None;
+        let mut fired = 0usize;
+
+        let mut batch = self.store.batch();
+        let mut fire = FireCtx {
+            driver: &mut self.driver,
+            pacer: &mut self.pacer,
+            overdue_before: wall.saturating_sub(grace),
+            budget: &mut budget,
+            fired: &mut fired,
+        };
+        while let Some(front) = self.held.front() {
+            if let Some(upload) = &front.upload {
+                let target = self.clock.now().max(upload.event_time);
+                if let Fired::Paused(d) = fire.fire_due(&mut batch, target, &mut out)? {
+                    report.paused = Some(d);
+                    break;
+                }
+                let now = self.clock.observe(upload.event_time);
+                let applied_as = fire.driver.apply(&mut batch, now, upload, &mut out)?;
+                if applied_as == Applied::Redelivered {
+                    tracing::debug!(partition = self.status.partition, key = %upload.key, "redelivered event_id ignored");
+                }
+            }
+            applied = Some(front.offset);
+            self.held.pop_front();
+        }
+        if report.paused.is_none() {
+            if self.held.is_empty() && self.caught_up {
+                self.clock.caught_up(wall);
+            }
+            if let Fired::Paused(d) = fire.fire_due(&mut batch, self.clock.now(), &mut out)? {
+                report.paused = Some(d);
+            }
+        }
+
+        if applied.is_none() && fired == 0 {
+            // Nothing changed but (maybe) partition time; it is stored with the next change.
+            return Ok(report);
+        }
+        for e in &out {
+            batch.push_outbox(e)?;
+        }
+        if let Some(last) = applied {
+            batch.set_offset(last + 1);
+            report.next_offset = Some(last + 1);
+        }
+        batch.set_partition_time(self.clock.now());
+        batch.commit()?;
+        self.status.emissions += out.len() as u64;
+        Ok(report)
+    }
+
+    /// Deletes acknowledged emissions from the outbox.
+    fn take_acks(&mut self) -> Result<(), store::Error> {
+        let mut seqs = Vec::new();
+        while let Ok(seq) = self.acks.try_recv() {
+            seqs.push(seq);
+        }
+        if seqs.is_empty() {
+            return Ok(());
+        }
+        self.store.outbox_ack(&seqs)?;
+        self.in_flight = self.in_flight.saturating_sub(seqs.len() as u64);
+        self.status.published += seqs.len() as u64;
+        Ok(())
+    }
+
+    /// Hands owed emissions not yet handed over to the publisher, as far as its queue has room.
+    fn feed_publisher(&mut self) -> Result<(), store::Error> {
+        let Some(tx) = &self.entries else {
+            return Ok(());
+        };
+        let room = tx.capacity();
+        if room == 0 || self.store.outbox_len() <= self.in_flight {
+            return Ok(());
+        }
+        for entry in self.store.outbox_peek_from(self.publish_from, room)? {
+            self.publish_from = entry.seq + 1;
+            // Room was checked and only this task sends, so `try_send` fails only if the
+            // publisher is gone (aborted at stop); the entry stays in the outbox then.
+            if tx.try_send(entry).is_err() {
+                break;
+            }
+            self.in_flight += 1;
+        }
+        Ok(())
+    }
+
+    fn refresh_status(&mut self) -> Result<(), store::Error> {
+        let live = self.caught_up && self.held.is_empty();
+        let s = &mut self.status;
+        s.state = if live {
+            PartitionState::Live
+        } else {
+            PartitionState::CatchingUp
+        };
+        s.caught_up = live;
+        s.next_offset = self.store.stored_offset();
+        s.partition_time = self.clock.now();
+        s.pending_rounds = self.store.pending_rounds();
+        s.outbox_len = self.store.outbox_len();
+        s.next_due = self.store.next_timer()?.map(|(d, _)| d);
+        self.ctx.status.set(s.clone());
+        Ok(())
+    }
+
+    fn set_state(&mut self, state: PartitionState) {
+        self.status.state = state;
+        self.ctx.status.set(self.status.clone());
+    }
+
+    /// After cancellation: drain the outbox until the flush deadline, close the store.
+    async fn finish(&mut self) -> PartitionExit {
+        let deadline = Instant::now() + self.ctx.settings.flush_timeout;
+        loop {
+            if let Err(e) = self.take_acks().and_then(|()| self.feed_publisher()) {
+                return PartitionExit::Failed(fatal(e));
+            }
+            if self.store.outbox_len() == 0 {
+                break;
+            }
+            match tokio::time::timeout_at(deadline, self.acks.recv()).await {
+                Ok(Some(seq)) => {
+                    if let Err(e) = self.store.outbox_ack(&[seq]) {
+                        return PartitionExit::Failed(fatal(e));
+                    }
+                    self.in_flight = self.in_flight.saturating_sub(1);
+                    self.status.published += 1;
+                }
+                Ok(None) | Err(_) => break,
+            }
+        }
+        let flushed = self.store.outbox_len() == 0;
+        if !flushed {
+            tracing::warn!(
+                partition = self.partition(),
+                owed = self.store.outbox_len(),
+                "outbox not drained before the deadline; it is published after the next start"
+            );
+        }
+        let _ = self.refresh_status();
+        if let Err(e) = self.store.flush() {
+            return PartitionExit::Failed(fatal(e));
+        }
+        PartitionExit::Stopped { flushed }
+    }
+}
+
+/// Sleeps `d` or until `cancel` fires.
+async fn pause(cancel: &CancellationToken, d: Duration) {
+    tokio::select! {
+        () = cancel.cancelled() => {}
+        () = tokio::time::sleep(d) => {}
+    }
+}
+
+/// Fires due timers for one step, pacing the overdue ones.
+struct FireCtx<'a> {
+    driver: &'a mut Driver,
+    pacer: &'a mut CatchUpPacer,
+    /// Timers due before this (ms) are overdue: paced.
+    overdue_before: Millis,
+    /// Timer fires left in this step.
+    budget: &'a mut usize,
+    fired: &'a mut usize,
+}
+
+impl FireCtx<'_> {
+    fn fire_due(
+        &mut self,
+        batch: &mut Batch<'_>,
+        target: Millis,
+        out: &mut Vec<Emission>,
+    ) -> Result<Fired, store::Error> {
+        loop {
+            let Some((due, _)) = batch.first_due(target)? else {
+                return Ok(Fired::All);
+            };
+            if *self.budget == 0 {
+                return Ok(Fired::Paused(Duration::ZERO));
+            }
+            let overdue = due < self.overdue_before;
+            if overdue {
+                if let Err(wait) = self.pacer.ready() {
+                    return Ok(Fired::Paused(wait));
+                }
+            }
+            let before = out.len();
+            self.driver.advance_at_most(batch, target, 1, out)?;
+            if overdue {
+                self.pacer.spend(out.len() - before);
+            }
+            *self.budget -= 1;
+            *self.fired += 1;
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! The hidden `settle run-file` command: the real runtime on the memory transport, fed from a
+//! JSONL trace file, appending every acknowledged ready record to an output file, exiting
+//! once the input is consumed and nothing is pending. It exists so crash tests can SIGKILL a
+//! real `settle` process mid-run and start it again on the same data directory: the trace is
+//! reloaded identically (same partitions, same offsets), and the stores say what was applied.
+//!
+//! Trace format: the `settle simulate` one (an upload record per line plus `"ts"`, epoch ms
+//! or RFC 3339, used as the record timestamp, and an optional `"partition"`).
+
+use super::{shutdown_on_signals, Runtime, RuntimeOptions, SystemClock};
+use crate::config::Config;
+use crate::engine::Engine;
+use crate::transport::memory::MemoryBroker;
+use anyhow::Context;
+use std::path::PathBuf;
+use tokio_util::sync::CancellationToken;
+
+/// Input topic name of the file-fed broker (stores live under `<data-dir>/uploads/`).
+pub const RUN_FILE_TOPIC: &str = "uploads";
+
+/// Arguments of `settle run-file`.
+#[derive(Clone, Debug)]
+pub struct RunFileArgs {
+    /// `--input`: the JSONL trace.
+    pub input: PathBuf,
+    /// `--data-dir`: where the partition stores live (kept across runs).
+    pub data_dir: PathBuf,
+    /// `--output`: ready records are appended here, one JSON line each, before they count
+    /// as acknowledged.
+    pub output: PathBuf,
+    /// `--config`: debounce policy and `[runtime]` settings (defaults without it; its
+    /// `store.data-dir` is replaced by `data_dir`).
+    pub config: Option<PathBuf>,
+    /// `--partitions`: input partitions (default 4). Must be the same on every run over one
+    /// data directory.
+    pub partitions: i32,
+}
+
+/// What a `run-file` run did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunFileReport {
+    /// Trace lines appended to the input.
+    pub records: u64,
+    /// Trace lines skipped (no JSON object or no usable `ts`).
+    pub skipped: u64,
+    /// Ready records published (appended to the output) by this run.
+    pub published: u64,
+    /// Records dead-lettered by this run.
+    pub dead_letters: u64,
+}
+
+/// Runs the trace to the end (builds its own tokio runtime). Stops early and gracefully on
+/// SIGINT/SIGTERM; a second signal exits at once.
+///
+/// Errors: the config, trace or output cannot be read/opened, or a partition failed.
+pub fn run(args: RunFileArgs) -> anyhow::Result<RunFileReport> {
+    super::block_on(run_async(args))?
+}
+
+async fn run_async(args: RunFileArgs) -> anyhow::Result<RunFileReport> {
+    let config = Config::load(args.config.as_deref())?;
+    let broker = MemoryBroker::new(RUN_FILE_TOPIC, args.partitions.max(1));
+    let load = broker
+        .load_trace_file(&args.input)
+        .with_context(|| format!("cannot read the trace {}", args.input.display()))?;
+    broker
+        .tee_output(&args.output)
+        .with_context(|| format!("cannot open the output {}", args.output.display()))?;
+    let mut options = RuntimeOptions::from_config(&config);
+    options.data_dir = args.data_dir.clone();
+    let runtime = Runtime::new(
+        Engine::new(config.policy_table()),
+        broker.sink(),
+        SystemClock,
+        options,
+    );
+    let status = runtime.status();
+    let shutdown = CancellationToken::new();
+    let signals =
+        shutdown_on_signals(shutdown.clone()).context("cannot install signal handlers")?;
+    let n = broker.partitions();
+    let done = {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            status
+                .wait_for(|m| {
+                    m.values().any(|s| s.is_failed())
+                        || (0..n).all(|p| m.get(&p).is_some_and(|s| s.is_idle()))
+                })
+                .await;
+            shutdown.cancel();
+        })
+    };
+    let summary = runtime.run(broker.source("settle"), shutdown).await?;
+    done.abort();
+    signals.abort();
+    if let Some((p, reason)) = summary.failed().first() {
+        anyhow::bail!("partition {p} failed: {reason}");
+    }
+    Ok(RunFileReport {
+        records: load.records,
+        skipped: load.skipped,
+        published: broker.output_len() as u64,
+        dead_letters: broker.dead_letters().len() as u64,
+    })
+}

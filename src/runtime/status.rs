@@ -1,0 +1,148 @@
+//! The visible status of every partition task: what `settle demo`, `run-file`, the admin
+//! endpoint and tests read to know whether a partition is live, catching up, stopped or
+//! failed, and how much work it still owes. Each partition task is the only writer of its
+//! own entry; everybody else reads (a `tokio::sync::watch` channel, so readers can wait for
+//! a change instead of polling).
+
+use crate::engine::Millis;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tokio::sync::watch;
+
+/// Life cycle of a partition task.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PartitionState {
+    /// Opening its store, seeking, re-arming timers and the outbox.
+    Starting,
+    /// Behind: consumer lag > 0, or overdue rounds still being released (catch-up pacing).
+    CatchingUp,
+    /// Caught up: partition time follows the wall clock.
+    Live,
+    /// Shutdown or revocation: finishing the batch and flushing the outbox.
+    Stopping,
+    /// Stopped cleanly (store closed).
+    Stopped,
+    /// Stopped on a fatal error (store write/read failure, fatal transport error): nothing
+    /// more is consumed or committed for this partition; the reason is here and in the log.
+    Failed(String),
+}
+
+/// One partition's figures (all counters since the task started).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PartitionStatus {
+    /// Input topic.
+    pub topic: String,
+    /// Partition number.
+    pub partition: i32,
+    /// Life cycle state.
+    pub state: PartitionState,
+    /// Next input offset to consume, as stored (`None`: nothing applied yet).
+    pub next_offset: Option<i64>,
+    /// Partition time (ms, SEMANTICS §3).
+    pub partition_time: Millis,
+    /// The last poll found no more input and no consumed record waits to be applied.
+    pub caught_up: bool,
+    /// Keys with an open round (rounds still to emit or to end silently).
+    pub pending_rounds: u64,
+    /// Owed emissions not yet acknowledged by the sink.
+    pub outbox_len: u64,
+    /// Due time (ms) of the partition's earliest timer, if any.
+    pub next_due: Option<Millis>,
+    /// Records consumed (uploads and bad records).
+    pub records: u64,
+    /// Records dead-lettered.
+    pub dead_letters: u64,
+    /// Emissions written to the outbox.
+    pub emissions: u64,
+    /// Emissions acknowledged by the sink.
+    pub published: u64,
+}
+
+impl PartitionStatus {
+    /// A fresh entry in state [`PartitionState::Starting`].
+    pub fn starting(topic: &str, partition: i32) -> Self {
+        PartitionStatus {
+            topic: topic.to_owned(),
+            partition,
+            state: PartitionState::Starting,
+            next_offset: None,
+            partition_time: 0,
+            caught_up: false,
+            pending_rounds: 0,
+            outbox_len: 0,
+            next_due: None,
+            records: 0,
+            dead_letters: 0,
+            emissions: 0,
+            published: 0,
+        }
+    }
+
+    /// Caught up with no open round and nothing owed: the partition has nothing left to do
+    /// until new input arrives.
+    pub fn is_idle(&self) -> bool {
+        self.caught_up && self.pending_rounds == 0 && self.outbox_len == 0
+    }
+
+    /// Stopped with an error.
+    pub fn is_failed(&self) -> bool {
+        matches!(self.state, PartitionState::Failed(_))
+    }
+}
+
+/// Status of every partition this process owns or owned, by partition number.
+pub type StatusMap = BTreeMap<i32, PartitionStatus>;
+
+/// Shared handle on the status of all partitions. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct StatusBoard {
+    tx: Arc<watch::Sender<StatusMap>>,
+}
+
+impl Default for StatusBoard {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl StatusBoard {
+    /// An empty board.
+    pub fn new() -> Self {
+        StatusBoard {
+            tx: Arc::new(watch::Sender::new(StatusMap::new())),
+        }
+    }
+
+    /// A copy of every partition's status.
+    pub fn snapshot(&self) -> StatusMap {
+        self.tx.borrow().clone()
+    }
+
+    /// A receiver that sees every later change (`changed().await`).
+    pub fn subscribe(&self) -> watch::Receiver<StatusMap> {
+        self.tx.subscribe()
+    }
+
+    /// Replaces partition `status.partition`'s entry.
+    pub fn set(&self, status: PartitionStatus) {
+        self.tx.send_modify(|m| {
+            m.insert(status.partition, status);
+        });
+    }
+
+    /// Changes partition `partition`'s entry in place (no-op when it has none).
+    pub fn update(&self, partition: i32, f: impl FnOnce(&mut PartitionStatus)) {
+        self.tx.send_modify(|m| {
+            if let Some(s) = m.get_mut(&partition) {
+                f(s);
+            }
+        });
+    }
+
+    /// Waits until `pred` holds for the whole map (checked now and after every change).
+    pub async fn wait_for(&self, mut pred: impl FnMut(&StatusMap) -> bool) {
+        let mut rx = self.subscribe();
+        // `wait_for` errs only when the sender is gone, and `self` holds it.
+        let _ = rx.wait_for(|m| pred(m)).await;
+    }
+}

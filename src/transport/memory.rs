@@ -1,0 +1,523 @@
+//! The in-memory transport: a broker in one process, for `settle demo`, the file-fed
+//! `run-file` command and tests. No network, no persistence of its own.
+//!
+//! * **Input**: one topic of N partitions, each an append-only log of records with offsets
+//!   `0, 1, 2, …` and a record timestamp (ms). Producers append ([`MemoryBroker::produce`])
+//!   or load a JSONL trace ([`MemoryBroker::load_trace`]). Records are routed by the
+//!   explicit partition (modulo N) or a stable FNV-1a hash of the record key.
+//! * **Consumer groups**: a committed offset per group and partition
+//!   ([`MemoryBroker::committed`]). A [`MemorySource`] assigns every partition at start;
+//!   tests move partitions with [`MemoryBroker::revoke`] / [`MemoryBroker::assign`].
+//! * **Output**: an append-only log of every acknowledged [`ReadyMessage`] (all topics) and
+//!   of dead letters, optionally mirrored to a JSONL file ([`MemoryBroker::tee_output`]):
+//!   each ready record is written with one `write` call before its publish resolves, so a
+//!   SIGKILLed process leaves every acknowledged record in the file.
+//! * **Injected failures**: the sink can be made unavailable (every publish fails with a
+//!   retryable error) for a while or until further notice, or made to lose acknowledgements
+//!   (the record is stored but the publish never resolves, as when a broker acks after the
+//!   producer died).
+//!
+//! Time: waits use tokio time, so tests with paused time drive the broker too.
+
+use super::{
+    Error, InputBatch, InputRecord, PartitionInput, ReadyMessage, Sink, Source, SourceEvent,
+};
+use crate::codec;
+use std::collections::HashMap;
+use std::io::{BufRead, Write};
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::time::Instant;
+
+const TRANSPORT: &str = "memory";
+
+/// One record as stored in a partition log.
+#[derive(Clone, Debug)]
+struct StoredRecord {
+    key: Option<Vec<u8>>,
+    payload: Vec<u8>,
+    timestamp_ms: i64,
+}
+
+#[derive(Debug, Default)]
+struct PartitionLog {
+    records: Mutex<Vec<StoredRecord>>,
+    /// Woken on every append.
+    appended: Notify,
+}
+
+/// How the sink answers publishes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SinkMode {
+    Available,
+    /// Unavailable until the instant, or until further notice (`None`).
+    Unavailable(Option<Instant>),
+    /// Stores the record, never resolves the publish.
+    LoseAcks,
+}
+
+/// A record sent to the dead-letter topic.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeadLetter {
+    /// The record as read from the input.
+    pub record: InputRecord,
+    /// `codec::DecodeError::reason` of the failure.
+    pub reason: String,
+}
+
+#[derive(Debug)]
+struct Shared {
+    topic: String,
+    partitions: Vec<PartitionLog>,
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    committed: HashMap<String, HashMap<i32, i64>>,
+    sources: HashMap<String, mpsc::UnboundedSender<SourceEvent<MemoryInput>>>,
+    output: Vec<ReadyMessage>,
+    dead_letters: Vec<DeadLetter>,
+    sink: SinkMode,
+    tee: Option<std::fs::File>,
+}
+
+/// Locks a mutex of the broker. Poisoning is ignored: every critical section leaves the
+/// state consistent (plain pushes and inserts), so a panic elsewhere cannot corrupt it.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Stable partitioner for keyed records: FNV-1a 32-bit of the key bytes, modulo `n`.
+/// (Not Kafka's murmur2; the memory transport only needs it to be stable.)
+pub fn partition_for_key(key: &[u8], n: i32) -> i32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in key {
+        h ^= u32::from(*b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    (h % n.max(1) as u32) as i32
+}
+
+/// What [`MemoryBroker::load_trace`] read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TraceLoad {
+    /// Lines appended to the input.
+    pub records: u64,
+    /// Lines skipped: not a JSON object or no usable `"ts"` (blank and `#` lines are not counted).
+    pub skipped: u64,
+}
+
+/// The in-memory broker. Cheap to clone; clones share the broker.
+#[derive(Clone, Debug)]
+pub struct MemoryBroker {
+    shared: Arc<Shared>,
+}
+
+impl MemoryBroker {
+    /// A broker whose input topic `topic` has `partitions` partitions (at least 1).
+    pub fn new(topic: &str, partitions: i32) -> Self {
+        let n = partitions.max(1) as usize;
+        MemoryBroker {
+            shared: Arc::new(Shared {
+                topic: topic.to_owned(),
+                partitions: (0..n).map(|_| PartitionLog::default()).collect(),
+                state: Mutex::new(State {
+                    committed: HashMap::new(),
+                    sources: HashMap::new(),
+                    output: Vec::new(),
+                    dead_letters: Vec::new(),
+                    sink: SinkMode::Available,
+                    tee: None,
+                }),
+            }),
+        }
+    }
+
+    /// The input topic name.
+    pub fn topic(&self) -> &str {
+        &self.shared.topic
+    }
+
+    /// Number of input partitions.
+    pub fn partitions(&self) -> i32 {
+        self.shared.partitions.len() as i32
+    }
+
+    /// Appends a record; returns `(partition, offset)`. `partition`: explicit partition
+    /// (taken modulo the partition count); `None` routes by [`partition_for_key`] of `key`,
+    /// or to partition 0 without a key. `timestamp_ms`: the record timestamp (ms).
+    pub fn produce(
+        &self,
+        partition: Option<i32>,
+        key: Option<&[u8]>,
+        payload: Vec<u8>,
+        timestamp_ms: i64,
+    ) -> (i32, i64) {
+        let n = self.partitions();
+        let p = match (partition, key) {
+            (Some(p), _) => p.rem_euclid(n),
+            (None, Some(k)) => partition_for_key(k, n),
+            (None, None) => 0,
+        };
+        let log = &self.shared.partitions[p as usize];
+        let offset = {
+            let mut records = lock(&log.records);
+            records.push(StoredRecord {
+                key: key.map(<[u8]>::to_vec),
+                payload,
+                timestamp_ms,
+            });
+            records.len() as i64 - 1
+        };
+        log.appended.notify_waiters();
+        (p, offset)
+    }
+
+    /// Appends an upload keyed `tenant/session` with payload `json` at `timestamp_ms`, routed by key.
+    pub fn produce_upload(&self, key: &str, json: &str, timestamp_ms: i64) -> (i32, i64) {
+        self.produce(
+            None,
+            Some(key.as_bytes()),
+            json.as_bytes().to_vec(),
+            timestamp_ms,
+        )
+    }
+
+    /// Loads a JSONL trace (the `settle simulate` format): each line an upload record plus
+    /// `"ts"` (epoch ms integer or RFC 3339 string: the record timestamp) and an optional
+    /// `"partition"`. The line itself is the payload (the decoder ignores `ts` and
+    /// `partition`); the record key is `tenant/session` when both are strings. Lines whose
+    /// upload is invalid are appended anyway (the runtime dead-letters them); lines that are
+    /// not a JSON object or have no usable `ts` are skipped and counted. Blank and `#` lines
+    /// are ignored.
+    ///
+    /// Errors: reading `input` failed.
+    pub fn load_trace<R: BufRead>(&self, input: R) -> std::io::Result<TraceLoad> {
+        let mut load = TraceLoad::default();
+        for line in input.lines() {
+            let line = line?;
+            let text = line.trim();
+            if text.is_empty() || text.starts_with('#') {
+                continue;
+            }
+            let Ok(serde_json::Value::Object(obj)) = serde_json::from_str(text) else {
+                load.skipped += 1;
+                continue;
+            };
+            let Some(ts) = obj.get("ts").and_then(|v| codec::parse_timestamp(v).ok()) else {
+                load.skipped += 1;
+                continue;
+            };
+            let partition = obj
+                .get("partition")
+                .and_then(serde_json::Value::as_i64)
+                .map(|p| p as i32);
+            let key = match (obj.get("tenant"), obj.get("session")) {
+                (Some(serde_json::Value::String(t)), Some(serde_json::Value::String(s))) => {
+                    Some(format!("{t}/{s}"))
+                }
+                _ => None,
+            };
+            self.produce(
+                partition,
+                key.as_deref().map(str::as_bytes),
+                text.as_bytes().to_vec(),
+                ts,
+            );
+            load.records += 1;
+        }
+        Ok(load)
+    }
+
+    /// [`MemoryBroker::load_trace`] from a file. Errors: the file cannot be opened or read.
+    pub fn load_trace_file(&self, path: &Path) -> std::io::Result<TraceLoad> {
+        let file = std::fs::File::open(path)?;
+        self.load_trace(std::io::BufReader::new(file))
+    }
+
+    /// Offset the next appended record of `partition` will get (the log end).
+    pub fn end_offset(&self, partition: i32) -> i64 {
+        self.shared
+            .partitions
+            .get(partition as usize)
+            .map_or(0, |log| lock(&log.records).len() as i64)
+    }
+
+    /// Offset committed by `group` for `partition` (next offset to consume), if any.
+    pub fn committed(&self, group: &str, partition: i32) -> Option<i64> {
+        lock(&self.shared.state)
+            .committed
+            .get(group)
+            .and_then(|g| g.get(&partition))
+            .copied()
+    }
+
+    /// A source for consumer group `group`: it assigns every partition at once. A second
+    /// source of the same group replaces the first for [`MemoryBroker::revoke`] and
+    /// [`MemoryBroker::assign`].
+    pub fn source(&self, group: &str) -> MemorySource {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let all: Vec<i32> = (0..self.partitions()).collect();
+        // The receiver is alive, so this send cannot fail.
+        let _ = tx.send(SourceEvent::Assigned(self.inputs(group, &all)));
+        lock(&self.shared.state)
+            .sources
+            .insert(group.to_owned(), tx);
+        MemorySource { events: rx }
+    }
+
+    fn inputs(&self, group: &str, partitions: &[i32]) -> Vec<MemoryInput> {
+        partitions
+            .iter()
+            .filter(|p| (0..self.partitions()).contains(p))
+            .map(|&p| MemoryInput {
+                broker: self.clone(),
+                group: group.to_owned(),
+                partition: p,
+                position: self.committed(group, p).unwrap_or(0),
+            })
+            .collect()
+    }
+
+    /// Revokes `partitions` from `group`'s source (a rebalance). The receiver resolves once
+    /// the runtime stopped them; it errs if the group has no live source.
+    pub fn revoke(&self, group: &str, partitions: &[i32]) -> oneshot::Receiver<()> {
+        let (done, rx) = oneshot::channel();
+        if let Some(tx) = lock(&self.shared.state).sources.get(group) {
+            let _ = tx.send(SourceEvent::Revoked {
+                partitions: partitions.to_vec(),
+                done,
+            });
+        }
+        rx
+    }
+
+    /// Assigns `partitions` to `group`'s source (after a revoke). Each input starts at the
+    /// group's committed offset; the runtime then seeks to its stored offset.
+    pub fn assign(&self, group: &str, partitions: &[i32]) {
+        let inputs = self.inputs(group, partitions);
+        if let Some(tx) = lock(&self.shared.state).sources.get(group) {
+            let _ = tx.send(SourceEvent::Assigned(inputs));
+        }
+    }
+
+    /// A sink publishing into this broker's output log.
+    pub fn sink(&self) -> MemorySink {
+        MemorySink {
+            broker: self.clone(),
+        }
+    }
+
+    /// Every acknowledged ready record, in acknowledgement order (all topics).
+    pub fn output(&self) -> Vec<ReadyMessage> {
+        lock(&self.shared.state).output.clone()
+    }
+
+    /// Number of acknowledged ready records.
+    pub fn output_len(&self) -> usize {
+        lock(&self.shared.state).output.len()
+    }
+
+    /// Every dead letter, in order.
+    pub fn dead_letters(&self) -> Vec<DeadLetter> {
+        lock(&self.shared.state).dead_letters.clone()
+    }
+
+    /// Also appends each acknowledged ready record's payload as one line to `path` (created
+    /// if missing, appended otherwise), written before the publish resolves.
+    ///
+    /// Errors: the file cannot be opened.
+    pub fn tee_output(&self, path: &Path) -> std::io::Result<()> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        lock(&self.shared.state).tee = Some(file);
+        Ok(())
+    }
+
+    /// Makes the sink available (`true`) or unavailable until further notice (`false`):
+    /// publishes and dead letters then fail with [`Error::Unavailable`].
+    pub fn set_sink_available(&self, available: bool) {
+        lock(&self.shared.state).sink = if available {
+            SinkMode::Available
+        } else {
+            SinkMode::Unavailable(None)
+        };
+    }
+
+    /// Makes the sink unavailable for `outage` (tokio time), then available again.
+    pub fn fail_publishes_for(&self, outage: Duration) {
+        lock(&self.shared.state).sink = SinkMode::Unavailable(Some(Instant::now() + outage));
+    }
+
+    /// From now on the sink stores each ready record but never acknowledges it (the publish
+    /// future stays pending): a crash between "broker has it" and "outbox deleted it".
+    /// [`MemoryBroker::set_sink_available`] ends it.
+    pub fn lose_acks(&self) {
+        lock(&self.shared.state).sink = SinkMode::LoseAcks;
+    }
+
+    /// Checks the sink mode; `Ok(true)` means store and acknowledge, `Ok(false)` store only.
+    fn sink_mode(&self) -> Result<bool, Error> {
+        let mut st = lock(&self.shared.state);
+        match st.sink {
+            SinkMode::Available => Ok(true),
+            SinkMode::LoseAcks => Ok(false),
+            SinkMode::Unavailable(Some(until)) if Instant::now() >= until => {
+                st.sink = SinkMode::Available;
+                Ok(true)
+            }
+            SinkMode::Unavailable(_) => Err(Error::Unavailable {
+                transport: TRANSPORT,
+                reason: "sink unavailable (injected)".into(),
+            }),
+        }
+    }
+}
+
+/// [`Source`] of the memory broker for one consumer group.
+#[derive(Debug)]
+pub struct MemorySource {
+    events: mpsc::UnboundedReceiver<SourceEvent<MemoryInput>>,
+}
+
+impl Source for MemorySource {
+    type Input = MemoryInput;
+
+    async fn next_event(&mut self) -> Result<Option<SourceEvent<MemoryInput>>, Error> {
+        // `recv` is cancel-safe. The broker holds the sender, so this pends (rather than
+        // ending) while no assignment change comes.
+        Ok(self.events.recv().await)
+    }
+}
+
+/// [`PartitionInput`] of one memory partition for one consumer group.
+#[derive(Debug)]
+pub struct MemoryInput {
+    broker: MemoryBroker,
+    group: String,
+    partition: i32,
+    position: i64,
+}
+
+impl MemoryInput {
+    fn log(&self) -> &PartitionLog {
+        // Invariant: inputs are created only for partitions in range (`MemoryBroker::inputs`).
+        &self.broker.shared.partitions[self.partition as usize]
+    }
+
+    /// Takes up to `max` records at the current position; `None` when none is there.
+    fn take(&mut self, max: usize) -> Option<InputBatch> {
+        let records = lock(&self.log().records);
+        let start = self.position.max(0) as usize;
+        if start >= records.len() {
+            return None;
+        }
+        let end = records.len().min(start + max.max(1));
+        let batch = InputBatch {
+            records: records[start..end]
+                .iter()
+                .enumerate()
+                .map(|(i, r)| InputRecord {
+                    partition: self.partition,
+                    offset: (start + i) as i64,
+                    key: r.key.clone(),
+                    payload: r.payload.clone(),
+                    timestamp_ms: r.timestamp_ms,
+                })
+                .collect(),
+            caught_up: end == records.len(),
+        };
+        drop(records);
+        self.position = end as i64;
+        Some(batch)
+    }
+}
+
+impl PartitionInput for MemoryInput {
+    fn topic(&self) -> &str {
+        self.broker.topic()
+    }
+
+    fn partition(&self) -> i32 {
+        self.partition
+    }
+
+    async fn seek(&mut self, next_offset: i64) -> Result<(), Error> {
+        self.position = next_offset.max(0);
+        Ok(())
+    }
+
+    async fn poll(&mut self, max: usize, wait: Duration) -> Result<InputBatch, Error> {
+        let shared = Arc::clone(&self.broker.shared);
+        let appended = shared.partitions[self.partition as usize]
+            .appended
+            .notified();
+        tokio::pin!(appended);
+        // Register for the wake-up before looking, so an append in between is not missed.
+        appended.as_mut().enable();
+        if let Some(batch) = self.take(max) {
+            return Ok(batch);
+        }
+        if !wait.is_zero() {
+            let _ = tokio::time::timeout(wait, appended).await;
+        }
+        Ok(self.take(max).unwrap_or(InputBatch {
+            records: Vec::new(),
+            caught_up: true,
+        }))
+    }
+
+    async fn commit(&mut self, next_offset: i64) -> Result<(), Error> {
+        lock(&self.broker.shared.state)
+            .committed
+            .entry(self.group.clone())
+            .or_default()
+            .insert(self.partition, next_offset);
+        Ok(())
+    }
+}
+
+/// [`Sink`] of the memory broker.
+#[derive(Clone, Debug)]
+pub struct MemorySink {
+    broker: MemoryBroker,
+}
+
+impl Sink for MemorySink {
+    async fn publish(&self, message: ReadyMessage) -> Result<(), Error> {
+        let ack = self.broker.sink_mode()?;
+        {
+            let mut st = lock(&self.broker.shared.state);
+            if let Some(file) = st.tee.as_mut() {
+                let mut line = Vec::with_capacity(message.payload.len() + 1);
+                line.extend_from_slice(&message.payload);
+                line.push(b'\n');
+                file.write_all(&line).map_err(|e| Error::Unavailable {
+                    transport: TRANSPORT,
+                    reason: format!("cannot write the output file: {e}"),
+                })?;
+            }
+            st.output.push(message);
+        }
+        if !ack {
+            std::future::pending::<()>().await;
+        }
+        Ok(())
+    }
+
+    async fn dead_letter(&self, record: &InputRecord, reason: &str) -> Result<(), Error> {
+        self.broker.sink_mode()?;
+        lock(&self.broker.shared.state)
+            .dead_letters
+            .push(DeadLetter {
+                record: record.clone(),
+                reason: reason.to_owned(),
+            });
+        Ok(())
+    }
+}

@@ -1,0 +1,246 @@
+//! Transports: where upload records come from ([`Source`], [`PartitionInput`]) and where ready
+//! records and dead letters go ([`Sink`]). Kafka (consumer group), NATS JetStream (static
+//! assignment, one durable pull consumer per partition) and the in-memory transport
+//! ([`memory`]) implement the same three traits, so the runtime has one code path.
+//!
+//! # Shape
+//!
+//! * A [`Source`] yields assignment changes ([`SourceEvent`]): `Assigned` hands over one
+//!   [`PartitionInput`] per newly owned partition; `Revoked` names partitions taken away and
+//!   carries a `done` sender. The runtime stops each revoked partition's task (it finishes its
+//!   batch, flushes its outbox, writes its store and drops its input) and only then sends
+//!   `done`. A Kafka source blocks its rebalance callback on `done`, which gives the ordering
+//!   the consumer group needs: nothing of a revoked partition is written after the callback
+//!   returns. NATS sends one `Assigned` at start (static assignment) and never revokes; the
+//!   memory source does the same unless a test revokes partitions.
+//! * A [`PartitionInput`] is owned by exactly one partition task: `seek` to the stored next
+//!   offset at start, `poll` batches, `commit` the next offset once a batch is durable in the
+//!   partition store (Kafka: commit to the group; NATS: ack every message below it; memory:
+//!   the group's committed offset). The store, not the broker, is the authority on what was
+//!   applied; a broker commit only lets the broker forget.
+//! * A [`Sink`] is cloned into each partition's outbox publisher. `publish` resolves when the
+//!   broker acknowledged the record (Kafka delivery report, JetStream publish ack); only then
+//!   is the outbox entry deleted. `dead_letter` sends a record that could not be decoded.
+//!
+//! # Offsets
+//!
+//! An offset is an `i64` position in one partition (Kafka offset, JetStream stream sequence,
+//! memory log index). Everywhere in this API an offset passed to `seek`/`commit` and stored
+//! by the runtime is the **next offset to consume**: "everything below it is applied" (the
+//! Kafka convention).
+//!
+//! # Why `impl Future` in traits (static dispatch)
+//!
+//! The transport is chosen once at start and every partition task is spawned for that one
+//! type, so the runtime is generic over `S: Source, K: Sink` and nothing is boxed on the hot
+//! path (one `poll` per batch, one `publish` per emission). Methods are declared as
+//! `fn … -> impl Future<Output = …> + Send` (stable return-position `impl Trait` in traits)
+//! rather than `async fn`, because the partition task is `tokio::spawn`ed and so every
+//! future it awaits must be `Send`; implementations still write `async fn`. The price is
+//! that the traits are not object-safe; no caller needs `dyn`.
+//!
+//! # Cancellation
+//!
+//! The runtime drops an unfinished [`Source::next_event`] or [`PartitionInput::poll`] future
+//! when it shuts down or stops a partition. Implementations must not lose anything that the
+//! next owner needs when that happens; since a new owner seeks to the stored offset, losing
+//! fetched-but-unreturned records is fine.
+
+pub mod kafka;
+pub mod memory;
+
+use std::future::Future;
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+/// One record read from a partition (an upload, not yet decoded).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InputRecord {
+    /// Partition it was read from.
+    pub partition: i32,
+    /// Its offset in that partition.
+    pub offset: i64,
+    /// Record key (`tenant/session` for a well-formed upload), if the record has one.
+    pub key: Option<Vec<u8>>,
+    /// Record value (the upload's JSON object for a well-formed upload).
+    pub payload: Vec<u8>,
+    /// Record timestamp, ms since the Unix epoch (broker log-append time recommended,
+    /// SEMANTICS §3; JetStream: the message timestamp).
+    pub timestamp_ms: i64,
+}
+
+/// What one [`PartitionInput::poll`] returned.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InputBatch {
+    /// Records in offset order, at most the `max` asked for; may be empty.
+    pub records: Vec<InputRecord>,
+    /// True when, after these records, the partition had nothing more to read (consumer lag
+    /// 0: Kafka high watermark / partition EOF, JetStream pending count 0, memory log end).
+    /// Decides the partition clock (SEMANTICS §3): event time while behind, wall clock when
+    /// caught up.
+    pub caught_up: bool,
+}
+
+/// One ready record to publish (SEMANTICS §2 output record, already encoded).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadyMessage {
+    /// Output topic (Kafka topic / NATS subject), chosen by the tenant's tier.
+    pub topic: String,
+    /// Tier name written in the record.
+    pub tier: String,
+    /// Record key: the session key `tenant/session`.
+    pub key: String,
+    /// `tenant/session/generation`, also sent as header `settle-emission-id`.
+    pub emission_id: String,
+    /// The JSON record (`codec::encode_ready`).
+    pub payload: Vec<u8>,
+}
+
+/// An assignment change reported by a [`Source`].
+#[derive(Debug)]
+pub enum SourceEvent<I> {
+    /// These partitions are now owned by this process; one input handle each.
+    Assigned(Vec<I>),
+    /// These partitions are taken away. The runtime stops their tasks (batch finished,
+    /// outbox flushed or deadline reached, store written and closed) and then sends on
+    /// `done`. A dropped `done` means the runtime is gone.
+    Revoked {
+        /// Partition numbers revoked.
+        partitions: Vec<i32>,
+        /// Signalled once every revoked partition has stopped.
+        done: oneshot::Sender<()>,
+    },
+}
+
+/// A transport failure. Each variant says whether to retry (STYLE §5).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// The broker cannot be reached or refused for now (timeout, leader election, sink
+    /// outage): retry with backoff. Nothing was lost.
+    #[error("{transport} unavailable: {reason}")]
+    Unavailable {
+        /// `kafka`, `nats` or `memory`.
+        transport: &'static str,
+        /// What the client said.
+        reason: String,
+    },
+    /// The operation can never succeed as asked (unknown topic, authorization, record too
+    /// large, partition no longer owned): the partition stops.
+    #[error("{transport}: {reason}")]
+    Fatal {
+        /// `kafka`, `nats` or `memory`.
+        transport: &'static str,
+        /// What the client said.
+        reason: String,
+    },
+}
+
+impl Error {
+    /// True for [`Error::Unavailable`]: back off and try again.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Error::Unavailable { .. })
+    }
+}
+
+/// Where partitions come from: a consumer group (Kafka), a static set of durable consumers
+/// (NATS) or the memory log. Owned by the runtime's supervisor task.
+pub trait Source: Send + 'static {
+    /// The per-partition input handle this source hands out.
+    type Input: PartitionInput;
+
+    /// The next assignment change. `Ok(None)`: the source has ended and will assign nothing
+    /// more (the runtime keeps running what it owns). Must be cancel-safe: the runtime
+    /// drops this future on shutdown.
+    ///
+    /// Errors: [`Error::Unavailable`] (the runtime retries after a backoff),
+    /// [`Error::Fatal`] (the runtime stops every partition and returns the error).
+    fn next_event(
+        &mut self,
+    ) -> impl Future<Output = Result<Option<SourceEvent<Self::Input>>, Error>> + Send;
+}
+
+/// The input of one owned partition, used by that partition's task only.
+pub trait PartitionInput: Send + 'static {
+    /// Input topic (or stream) name; the partition store lives at `<data-dir>/<topic>/<partition>`.
+    fn topic(&self) -> &str;
+
+    /// Partition number.
+    fn partition(&self) -> i32;
+
+    /// Positions the input so the next `poll` returns the record at `next_offset` first.
+    /// Called once at start with the offset stored in the partition store, if any; without a
+    /// call the input starts where the transport says (group offset, reset policy).
+    ///
+    /// Errors: as for `poll`.
+    fn seek(&mut self, next_offset: i64) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Up to `max` records in offset order, waiting at most `wait` for the first one; an
+    /// empty batch after `wait` is normal. Records are handed out once: the next call
+    /// continues after them (unless `seek` is called).
+    ///
+    /// Errors: [`Error::Unavailable`] (retried by the partition task after a backoff),
+    /// [`Error::Fatal`] (the partition stops).
+    fn poll(
+        &mut self,
+        max: usize,
+        wait: Duration,
+    ) -> impl Future<Output = Result<InputBatch, Error>> + Send;
+
+    /// Tells the broker that every record below `next_offset` is durable in the partition
+    /// store (Kafka: commit `next_offset` to the group; NATS: ack each message below it).
+    ///
+    /// Errors: [`Error::Unavailable`] (logged; the next commit covers it),
+    /// [`Error::Fatal`] (logged; the store stays the authority on what was applied).
+    fn commit(&mut self, next_offset: i64) -> impl Future<Output = Result<(), Error>> + Send;
+}
+
+/// Where ready records and dead letters go. Cheap to clone (each partition's outbox
+/// publisher holds one).
+pub trait Sink: Clone + Send + Sync + 'static {
+    /// Publishes one ready record; resolves once the broker acknowledged it (Kafka delivery
+    /// report, JetStream publish ack). Several publishes may be in flight at once.
+    ///
+    /// Errors: [`Error::Unavailable`] (the publisher retries the same message after a
+    /// backoff; the outbox keeps it meanwhile), [`Error::Fatal`] (the publisher logs it
+    /// and keeps retrying after a longer backoff: an emission is never dropped, SEMANTICS §6).
+    fn publish(&self, message: ReadyMessage) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Sends a record that failed decoding to the dead-letter topic with `reason`
+    /// (`codec::DecodeError::reason`) and resolves once acknowledged (SEMANTICS §2).
+    ///
+    /// Errors: as for `publish`.
+    fn dead_letter(
+        &self,
+        record: &InputRecord,
+        reason: &str,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+}
+
+/// Exponential backoff for retryable transport errors: 50 ms doubling up to `max`.
+#[derive(Clone, Copy, Debug)]
+pub struct Backoff {
+    next: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    /// Starts at 50 ms, capped at `max`.
+    pub fn new(max: Duration) -> Self {
+        Backoff {
+            next: Duration::from_millis(50).min(max),
+            max,
+        }
+    }
+
+    /// The wait before the next attempt (and doubles the one after).
+    pub fn next_delay(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (self.next * 2).min(self.max);
+        d
+    }
+
+    /// Back to the first delay after a success.
+    pub fn reset(&mut self) {
+        self.next = Duration::from_millis(50).min(self.max);
+    }
+}

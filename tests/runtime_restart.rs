@@ -1,0 +1,245 @@
+//! Restart and failure behaviour of the runtime on real RocksDB (temp dir) and the memory
+//! transport, in paused tokio time: state, timers, outbox and offset survive a restart; a
+//! crash between "emission durable" and "sink acked" re-publishes the same `emission_id`
+//! exactly once more; a batch that fails to write leaves the stored offset unchanged and
+//! stops the partition (SEMANTICS §6).
+
+mod runtime_support;
+
+use runtime_support::*;
+use settle::engine::{PolicySpec, SessionKey};
+use settle::runtime::{
+    partition, Clock, PartitionContext, PartitionExit, PartitionSettings, PartitionState,
+    PublishTarget, StatusBoard,
+};
+use settle::transport::{Source, SourceEvent};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+const DELAY: i64 = 1_000;
+
+#[tokio::test(start_paused = true)]
+async fn state_timers_outbox_and_offset_survive_a_restart() {
+    let f = fixture(1, PolicySpec::fixed(DELAY));
+    let broker = &f.broker;
+    produce(broker, "acme", "s1", T0);
+    produce(broker, "acme", "s2", T0);
+
+    // Run 1: both uploads applied, nothing due yet.
+    let summary = f
+        .run_until(|m| all(m, 1, |s| s.next_offset == Some(2)))
+        .await;
+    assert_eq!(
+        summary.partitions[&0],
+        PartitionExit::Stopped { flushed: true }
+    );
+    assert!(
+        broker.output().is_empty(),
+        "nothing is due before {DELAY} ms"
+    );
+    {
+        let store = f.store(0);
+        assert_eq!(store.stored_offset(), Some(2));
+        assert_eq!(store.pending_rounds(), 2);
+        let timers = store.timers(10).unwrap();
+        assert_eq!(
+            timers,
+            vec![
+                (T0 + DELAY, SessionKey::new("acme", "s1")),
+                (T0 + DELAY, SessionKey::new("acme", "s2")),
+            ]
+        );
+        let s1 = store
+            .session(&SessionKey::new("acme", "s1"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(s1.round.as_ref().map(|r| r.uploads), Some(1));
+    }
+
+    // Run 2: the sink is down. The re-armed timers fire; emissions wait in the outbox.
+    broker.set_sink_available(false);
+    let summary = f
+        .run_until(|m| all(m, 1, |s| s.outbox_len == 2 && s.pending_rounds == 0))
+        .await;
+    assert_eq!(
+        summary.partitions[&0],
+        PartitionExit::Stopped { flushed: false }
+    );
+    assert!(broker.output().is_empty());
+    {
+        let mut store = f.store(0);
+        assert_eq!(store.outbox_len(), 2);
+        assert_eq!(
+            store.stored_offset(),
+            Some(2),
+            "no new input: offset unchanged"
+        );
+        let owed: Vec<String> = store
+            .outbox_peek(10)
+            .unwrap()
+            .iter()
+            .map(|e| e.emission.emission_id())
+            .collect();
+        assert_eq!(owed, ["acme/s1/1", "acme/s2/1"]);
+    }
+
+    // Run 3: the sink is back; the outbox is re-published and emptied.
+    broker.set_sink_available(true);
+    f.run_until(|m| all(m, 1, |s| s.outbox_len == 0 && s.published == 2))
+        .await;
+    let out = emitted(broker);
+    let ids: Vec<String> = out.iter().map(|(e, _)| e.emission_id()).collect();
+    assert_eq!(ids, ["acme/s1/1", "acme/s2/1"]);
+    for (e, _) in &out {
+        assert_eq!(e.due_at, T0 + DELAY);
+        assert_eq!(e.uploads, 1);
+    }
+    assert_eq!(broker.committed(GROUP, 0), Some(2));
+    let store = f.store(0);
+    assert_eq!(store.outbox_len(), 0);
+    assert_eq!(store.stored_offset(), Some(2));
+
+    // A later upload continues the key: generation 2, not a fresh key.
+    drop(store);
+    produce(broker, "acme", "s1", f.clock.now_ms());
+    f.run_until(|m| all(m, 1, |s| s.published == 1 && s.is_idle()))
+        .await;
+    let last = emitted(broker).pop().unwrap().0;
+    assert_eq!(last.emission_id(), "acme/s1/2");
+}
+
+#[tokio::test(start_paused = true)]
+async fn crash_between_durable_and_acked_republishes_the_same_id_once_more() {
+    let f = fixture(2, PolicySpec::fixed(DELAY));
+    let broker = &f.broker;
+    for s in ["a", "b", "c", "d"] {
+        produce(broker, "acme", s, T0);
+    }
+
+    // The broker stores each record but its acks are lost; then the process stops.
+    broker.lose_acks();
+    let run = f.start();
+    run.until(|m| {
+        all(m, 2, |s| s.pending_rounds == 0 && s.caught_up)
+            && m.values().map(|s| s.emissions).sum::<u64>() == 4
+    })
+    .await;
+    // Every emission reached the broker once; none was acknowledged.
+    while broker.output_len() < 4 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    run.stop().await;
+    let mut owed = 0;
+    for p in 0..2 {
+        owed += f.store(p).outbox_len();
+    }
+    assert_eq!(owed, 4, "unacknowledged emissions stay in the outbox");
+
+    // Restart: the outbox is published again, same ids, then deleted.
+    broker.set_sink_available(true);
+    for _ in 0..2 {
+        f.run_until(|m| all(m, 2, |s| s.is_idle())).await;
+    }
+    let mut count: BTreeMap<String, usize> = BTreeMap::new();
+    for (e, _) in emitted(broker) {
+        *count.entry(e.emission_id()).or_default() += 1;
+    }
+    let expected: BTreeMap<String, usize> = ["a", "b", "c", "d"]
+        .iter()
+        .map(|s| (format!("acme/{s}/1"), 2))
+        .collect();
+    assert_eq!(
+        count, expected,
+        "each id exactly twice: once lost-ack, once re-published"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_that_fails_to_write_keeps_the_offset_and_stops_the_partition() {
+    let f = fixture(1, PolicySpec::fixed(DELAY));
+    let broker = &f.broker;
+    produce(broker, "acme", "s1", T0);
+    produce(broker, "acme", "s2", T0);
+    f.run_until(|m| all(m, 1, |s| s.next_offset == Some(2)))
+        .await;
+
+    // Two more uploads; the next store commit fails.
+    produce(broker, "acme", "s3", T0);
+    produce(broker, "acme", "s1", T0 + 10);
+    let mut store = f.store(0);
+    store.fail_next_commits(1);
+    let status = StatusBoard::new();
+    let ctx = PartitionContext {
+        engine: f.engine.clone(),
+        sink: broker.sink(),
+        clock: f.clock,
+        settings: Arc::new(PartitionSettings {
+            batch_size: 100,
+            idle_tick: Duration::from_millis(100),
+            flush_timeout: Duration::from_secs(1),
+            publish: PublishTarget {
+                topic: "ready".into(),
+                tier: "normal".into(),
+                window: 16,
+                max_backoff: Duration::from_secs(1),
+            },
+            catch_up_rate: 0,
+        }),
+        status: status.clone(),
+    };
+    let mut source = broker.source("other-group");
+    let Some(SourceEvent::Assigned(mut inputs)) = source.next_event().await.unwrap() else {
+        panic!("memory source assigns at start");
+    };
+    let input = inputs.pop().unwrap();
+    let exit = tokio::time::timeout(
+        Duration::from_secs(60),
+        partition::run(ctx, store, input, CancellationToken::new()),
+    )
+    .await
+    .expect("a failed partition stops by itself");
+    let PartitionExit::Failed(reason) = exit else {
+        panic!("expected a failure, got {exit:?}");
+    };
+    assert!(reason.contains("injected fault"), "{reason}");
+    let st = &status.snapshot()[&0];
+    assert!(matches!(&st.state, PartitionState::Failed(r) if r.contains("injected fault")));
+
+    let store = f.store(0);
+    assert_eq!(
+        store.stored_offset(),
+        Some(2),
+        "the failed batch stored nothing"
+    );
+    assert_eq!(store.pending_rounds(), 2);
+    assert!(store
+        .session(&SessionKey::new("acme", "s3"))
+        .unwrap()
+        .is_none());
+    assert_eq!(
+        broker.committed("other-group", 0),
+        None,
+        "nothing committed to the source"
+    );
+    assert!(broker.output().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_sink_outage_delays_emissions_but_loses_none() {
+    let f = fixture(1, PolicySpec::fixed(DELAY));
+    produce(&f.broker, "acme", "s1", T0);
+    f.broker.fail_publishes_for(Duration::from_secs(5));
+    f.run_until(|m| all(m, 1, |s| s.published == 1 && s.is_idle()))
+        .await;
+    let out = emitted(&f.broker);
+    assert_eq!(out.len(), 1, "published once, after the outage");
+    let (e, emitted_at) = &out[0];
+    assert_eq!(e.due_at, T0 + DELAY);
+    assert!(
+        *emitted_at >= T0 + 5_000,
+        "sent after the outage ({emitted_at})"
+    );
+    assert!(*emitted_at <= T0 + 10_000, "retried with a bounded backoff");
+}
