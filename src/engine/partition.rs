@@ -99,6 +99,12 @@ impl Driver {
             // Fire the key only up to this timer's due time, so keys interleave in due order.
             let before = out.len();
             let step = self.engine.on_time(due, &key, &mut state, out);
+            // The stored timer is the one to cancel, even if the policy changed since it was
+            // set (e.g. a longer state-ttl after a restart): otherwise it would fire forever.
+            let step = Step {
+                due_before: Some(due),
+                ..step
+            };
             self.record(table, &key, &state, step, out.len() - before)?;
             fired += 1;
         }

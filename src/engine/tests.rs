@@ -435,3 +435,28 @@ fn policy_validation_names_the_key() {
         .unwrap_err();
     assert!(e.contains("max-wait"), "{e}");
 }
+
+#[test]
+fn a_stale_timer_from_an_older_policy_fires_once_and_is_replaced() {
+    // A timer stored under state-ttl 30 s, read back under state-ttl 60 s (config changed
+    // across a restart): firing it must cancel it and arm the real one, not loop on it.
+    let old = Engine::new(PolicyTable::uniform(
+        PolicySpec::fixed(1_000).with_state_ttl(30_000),
+    ));
+    let mut table = MemTable::new();
+    let mut out = Vec::new();
+    let mut d = Driver::new(old);
+    d.apply(&mut table, 0, &Upload::plain(key("s"), 0), &mut out)
+        .unwrap();
+    d.advance(&mut table, 1_000, &mut out).unwrap();
+    assert_eq!(table.next_due(), Some(30_000));
+    let new = Engine::new(PolicyTable::uniform(
+        PolicySpec::fixed(1_000).with_state_ttl(60_000),
+    ));
+    let mut d = Driver::new(new);
+    let fired = d.advance_at_most(&mut table, 40_000, 5, &mut out).unwrap();
+    assert_eq!(fired, 1, "the stale timer fires once");
+    let timers: Vec<_> = table.timers().cloned().collect();
+    assert_eq!(timers, vec![(60_000, key("s"))]);
+    assert!(table.state(&key("s")).is_some());
+}

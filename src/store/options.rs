@@ -1,0 +1,154 @@
+//! Tuning of the partition stores: sizes, WAL, and the RocksDB options derived from them.
+//!
+//! Memory is bounded by construction: data blocks, index and filter blocks of every store
+//! live in ONE LRU block cache of `block_cache_bytes`, and every store's memtables are
+//! capped together by ONE write-buffer manager of `memtable_budget_bytes` (writers stall
+//! when it is full). Stores opened with the same [`MemoryBudget`] share both, so the process
+//! holds about `block_cache_bytes + memtable_budget_bytes` of RocksDB memory however many
+//! partitions it owns and however many sessions are pending; sessions live on disk.
+
+use super::keys::{CF_META, CF_OUTBOX, CF_SESSIONS, CF_TIMERS, COLUMN_FAMILIES};
+use rocksdb::{
+    BlockBasedOptions, Cache, ColumnFamilyDescriptor, DBCompressionType, Options,
+    WriteBufferManager, WriteOptions,
+};
+
+const MIB: usize = 1024 * 1024;
+
+/// Sizes (bytes) and durability switches of the partition stores.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// LRU block cache shared by the stores of one [`MemoryBudget`] (bytes). Default 64 MiB.
+    pub block_cache_bytes: usize,
+    /// Memtable size of the `sessions`, `timers` and `outbox` column families (bytes): a
+    /// memtable is flushed to disk when it reaches this. Default 16 MiB.
+    pub write_buffer_bytes: usize,
+    /// Cap on all memtables of the stores of one [`MemoryBudget`] together (bytes); writers
+    /// wait for flushes above it. Default 64 MiB.
+    pub memtable_budget_bytes: usize,
+    /// Write-ahead log on (default). Off only for benches or a store rebuilt from the
+    /// changelog anyway: without it a crash loses every write since the last flush (the
+    /// column families still flush atomically, so the store stays consistent, just older).
+    pub wal: bool,
+    /// fsync the WAL on every commit. Default off: a commit is then durable against a
+    /// process crash (kill -9, SEMANTICS §6) but not against losing the machine, which the
+    /// changelog covers.
+    pub sync: bool,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            block_cache_bytes: 64 * MIB,
+            write_buffer_bytes: 16 * MIB,
+            memtable_budget_bytes: 64 * MIB,
+            wal: true,
+            sync: false,
+        }
+    }
+}
+
+/// The block cache and memtable budget shared by the stores opened with it (one per
+/// process is the intent). Cheap to clone: clones share the same memory.
+#[derive(Clone)]
+pub struct MemoryBudget {
+    pub(crate) cache: Cache,
+    pub(crate) write_buffers: WriteBufferManager,
+}
+
+impl MemoryBudget {
+    /// A budget of `options.block_cache_bytes` of block cache and
+    /// `options.memtable_budget_bytes` of memtables.
+    pub fn new(options: &StoreOptions) -> Self {
+        MemoryBudget {
+            cache: Cache::new_lru_cache(options.block_cache_bytes),
+            write_buffers: WriteBufferManager::new_write_buffer_manager(
+                options.memtable_budget_bytes,
+                true,
+            ),
+        }
+    }
+
+    /// Bytes currently held by the block cache (data, index and filter blocks).
+    pub fn cache_usage_bytes(&self) -> usize {
+        self.cache.get_usage()
+    }
+
+    /// Bytes currently held by memtables of all stores sharing this budget.
+    pub fn memtable_usage_bytes(&self) -> usize {
+        self.write_buffers.get_usage()
+    }
+}
+
+impl std::fmt::Debug for MemoryBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryBudget")
+            .field("cache_usage_bytes", &self.cache_usage_bytes())
+            .field("memtable_usage_bytes", &self.memtable_usage_bytes())
+            .finish()
+    }
+}
+
+/// DB-wide options.
+pub(crate) fn db_options(options: &StoreOptions, budget: &MemoryBudget) -> Options {
+    let mut o = Options::default();
+    o.create_if_missing(true);
+    o.create_missing_column_families(true);
+    // A commit spans four column families; flushing them together keeps the on-disk state
+    // consistent at every flush point even when the WAL is off.
+    o.set_atomic_flush(true);
+    o.set_write_buffer_manager(&budget.write_buffers);
+    o.set_max_background_jobs(2);
+    o.set_max_total_wal_size(4 * options.write_buffer_bytes as u64);
+    o.set_max_open_files(256);
+    o.set_keep_log_file_num(2);
+    o.set_max_log_file_size(4 * MIB);
+    o
+}
+
+/// One descriptor per column family, with the options of its access pattern.
+pub(crate) fn column_families(
+    options: &StoreOptions,
+    budget: &MemoryBudget,
+) -> Vec<ColumnFamilyDescriptor> {
+    COLUMN_FAMILIES
+        .iter()
+        .map(|&name| ColumnFamilyDescriptor::new(name, cf_options(name, options, budget)))
+        .collect()
+}
+
+fn cf_options(name: &str, options: &StoreOptions, budget: &MemoryBudget) -> Options {
+    let mut table = BlockBasedOptions::default();
+    table.set_block_cache(&budget.cache);
+    // Index and filter blocks are charged to the cache too, so they are bounded with it.
+    table.set_cache_index_and_filter_blocks(true);
+    table.set_pin_l0_filter_and_index_blocks_in_cache(true);
+    let mut o = Options::default();
+    o.set_compression_type(DBCompressionType::Lz4);
+    o.set_max_write_buffer_number(2);
+    match name {
+        CF_SESSIONS => {
+            // Point lookups by session key: a bloom filter skips files without the key.
+            table.set_bloom_filter(10.0, false);
+            o.set_write_buffer_size(options.write_buffer_bytes);
+        }
+        CF_TIMERS | CF_OUTBOX => {
+            // Queues: inserted ahead, deleted at the head. Files dense with tombstones are
+            // compacted early so the tombstones drop out (reads already seek past them).
+            o.add_compact_on_deletion_collector_factory(4096, 2048, 0.5);
+            o.set_write_buffer_size(options.write_buffer_bytes);
+        }
+        CF_META => o.set_write_buffer_size(MIB),
+        _ => {}
+    }
+    o.set_block_based_table_factory(&table);
+    o
+}
+
+/// Write options of commits and outbox acks.
+pub(crate) fn write_options(options: &StoreOptions) -> WriteOptions {
+    let mut w = WriteOptions::default();
+    w.disable_wal(!options.wal);
+    w.set_sync(options.wal && options.sync);
+    w
+}
