@@ -1,0 +1,1339 @@
+//! The Kafka transport (rdkafka over bundled librdkafka, tokio): a consumer group as the
+//! [`Source`], one split partition queue per owned partition as the [`PartitionInput`], and an
+//! idempotent producer as the [`Sink`] (ready records to the tier's topic, bad records to the
+//! dead-letter topic). Also the `settle run` entry point on Kafka ([`run`], [`run_until`]).
+//!
+//! # Consumer group
+//!
+//! * `partition.assignment.strategy=cooperative-sticky`, `enable.auto.commit=false`,
+//!   `enable.partition.eof=true`, `auto.offset.reset=earliest` (a new group misses nothing).
+//! * The group's own queue (rebalances, errors, librdkafka's log) is polled by one dedicated
+//!   thread (`settle-kafka-group`, a blocking `BaseConsumer::poll` loop), never by a tokio
+//!   worker, because the rebalance callback blocks:
+//!   * **assign**: before librdkafka starts fetching, each new partition's queue is split off
+//!     the group queue (`BaseConsumer::split_partition_queue`) so its records reach only
+//!     its [`KafkaInput`]; after the incremental assign, one [`SourceEvent::Assigned`] hands
+//!     the inputs to the runtime, which seeks each to its stored offset (if its store has
+//!     one; otherwise fetching starts at the group's committed offset).
+//!   * **revoke**: sends [`SourceEvent::Revoked`] and blocks until the runtime signals `done`
+//!     (the partitions' tasks finished their batch, flushed their outbox and stopped), then
+//!     commits the revoked partitions' last durable offsets synchronously (unless the
+//!     assignment was lost), and only then returns, so librdkafka unassigns them. Nothing of
+//!     a revoked partition is written or committed after the callback returns.
+//! * Offsets are committed only through [`PartitionInput::commit`], which the runtime calls
+//!   for durable batches: asynchronously on the hot path, plus one synchronous commit of the
+//!   latest ones on revoke and when the source is dropped (graceful stop).
+//!
+//! # Caught up (SEMANTICS §3)
+//!
+//! A partition is caught up when librdkafka reported partition EOF after the last record
+//! handed out, or when its high watermark is at or below the next offset to read. The high
+//! watermark is the one librdkafka caches from every fetch response (no request is sent per
+//! poll); fetch responses and EOF follow the last record by at most `fetch.wait.max.ms`
+//! (100 ms here). Records appended after the last fetch response are unknown until the next
+//! one: the inherent race of any consumer, bounded by that same 100 ms.
+//!
+//! # Errors
+//!
+//! librdkafka retries broker errors itself. This module logs each client's trouble once per
+//! change of state ("degraded: …", "recovered"), not once per attempt, and classifies what the
+//! runtime sees: broker down, timeouts, missing topics and authorization failures are
+//! [`Error::Unavailable`] (retried with backoff: an operator can fix them without a restart);
+//! records that can never be accepted (too large, invalid) and librdkafka fatal errors are
+//! [`Error::Fatal`]. A bad client property is found at start ([`KafkaConfig::validate`],
+//! client creation) and reported with the key.
+//!
+//! # Time
+//!
+//! Record timestamps are the broker's (`LogAppendTime` where the topic uses it, otherwise the
+//! producer's `CreateTime`; tansu 0.6 only has `CreateTime`). A record without a timestamp
+//! gets the wall clock when it is read.
+
+use super::{
+    Error, InputBatch, InputRecord, PartitionInput, ReadyMessage, Sink, Source, SourceEvent,
+};
+use crate::codec::EMISSION_ID_HEADER;
+use crate::config::Config;
+use crate::engine::Engine;
+use crate::runtime::{shutdown_on_signals, RunSummary, Runtime, RuntimeOptions, SystemClock};
+use crate::tiers::TiersConfig;
+use anyhow::Context as _;
+use rdkafka::client::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::consumer::base_consumer::PartitionQueue;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::{KafkaError, KafkaResult};
+use rdkafka::message::{BorrowedMessage, Header, Message, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use serde::{Deserialize, Deserializer, Serialize};
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::{mpsc, oneshot, Notify};
+use tokio_util::sync::CancellationToken;
+
+const TRANSPORT: &str = "kafka";
+
+/// Header of a dead letter: the `codec::DecodeError::reason` code (SEMANTICS §2).
+pub const DLQ_REASON_HEADER: &str = "settle-dlq-reason";
+/// Header of a dead letter: the input topic the record was read from.
+pub const DLQ_SOURCE_TOPIC_HEADER: &str = "settle-dlq-source-topic";
+/// Header of a dead letter: the input partition, decimal.
+pub const DLQ_SOURCE_PARTITION_HEADER: &str = "settle-dlq-source-partition";
+/// Header of a dead letter: the record's offset in its input partition, decimal.
+pub const DLQ_SOURCE_OFFSET_HEADER: &str = "settle-dlq-source-offset";
+
+/// Longest wait of a poll between two looks at its partition queue.
+const QUEUE_RECHECK: Duration = Duration::from_millis(50);
+
+/// Bound on one blocking broker call (seek, watermark query, synchronous commit).
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a seek waits for librdkafka to start fetching a just-assigned partition
+/// (it first fetches the group's committed offset) before reporting it unavailable.
+const SEEK_START_WAIT: Duration = Duration::from_secs(10);
+
+/// How long a publish may wait for room in librdkafka's local queue.
+const QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Keys of `[kafka.properties]` that settle sets itself: each has its own config key or is
+/// required for the guarantees of SEMANTICS §6.
+const MANAGED_PROPERTIES: [(&str, &str); 7] = [
+    ("bootstrap.servers", "set kafka.bootstrap-servers instead"),
+    ("group.id", "set kafka.group-id instead"),
+    (
+        "enable.auto.commit",
+        "settle commits offsets itself, only for batches durable in its store",
+    ),
+    (
+        "enable.auto.offset.store",
+        "settle commits offsets itself, only for batches durable in its store",
+    ),
+    (
+        "enable.partition.eof",
+        "settle needs partition EOF to know when a partition is caught up",
+    ),
+    (
+        "enable.idempotence",
+        "the producer must be idempotent (no duplicates from producer retries)",
+    ),
+    (
+        "transactional.id",
+        "settle does not use Kafka transactions (emission ids de-duplicate)",
+    ),
+];
+
+// ---------------------------------------------------------------------------------------------
+// Configuration
+
+/// `[kafka]`: where the Kafka transport connects and which topics it uses. Output topics
+/// come from `[tiers]` ([`TiersConfig`]), not from here.
+///
+/// ```toml
+/// [kafka]
+/// bootstrap-servers = "127.0.0.1:9092"
+/// group-id = "settle"
+/// input-topic = "settle.uploads"
+/// dead-letter-topic = "settle.dead-letter"
+/// [kafka.properties]            # any librdkafka property, applied to consumer and producer
+/// "security.protocol" = "SASL_SSL"
+/// "sasl.mechanisms" = "SCRAM-SHA-512"
+/// "session.timeout.ms" = 10000
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct KafkaConfig {
+    /// `bootstrap-servers`: comma-separated `host:port` list (default `127.0.0.1:9092`).
+    pub bootstrap_servers: String,
+    /// `group-id`: consumer group of every settle instance of one deployment (default `settle`).
+    pub group_id: String,
+    /// `input-topic`: the uploads, keyed `tenant/session` (default `settle.uploads`).
+    pub input_topic: String,
+    /// `dead-letter-topic`: where records that fail decoding go (default `settle.dead-letter`).
+    pub dead_letter_topic: String,
+    /// `[kafka.properties]`: librdkafka properties (strings, numbers or booleans), applied to
+    /// both clients after settle's own defaults, so they can override them (security
+    /// settings, timeouts, `client.id`, `fetch.wait.max.ms`, ...). The keys settle manages
+    /// (`bootstrap.servers`, `group.id`, `enable.auto.commit`, `enable.auto.offset.store`,
+    /// `enable.partition.eof`, `enable.idempotence`, `transactional.id`) are rejected.
+    #[serde(deserialize_with = "property_values")]
+    pub properties: BTreeMap<String, String>,
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        KafkaConfig {
+            bootstrap_servers: "127.0.0.1:9092".to_owned(),
+            group_id: "settle".to_owned(),
+            input_topic: "settle.uploads".to_owned(),
+            dead_letter_topic: "settle.dead-letter".to_owned(),
+            properties: BTreeMap::new(),
+        }
+    }
+}
+
+/// Reads `[kafka.properties]` values written as strings, integers, floats or booleans.
+fn property_values<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Value {
+        Text(String),
+        Int(i64),
+        Float(f64),
+        Bool(bool),
+    }
+    let raw = BTreeMap::<String, Value>::deserialize(d)?;
+    Ok(raw
+        .into_iter()
+        .map(|(k, v)| {
+            let v = match v {
+                Value::Text(s) => s,
+                Value::Int(i) => i.to_string(),
+                Value::Float(f) => f.to_string(),
+                Value::Bool(b) => b.to_string(),
+            };
+            (k, v)
+        })
+        .collect())
+}
+
+/// A `[kafka]` value that cannot be used: `key` is the full dotted key (`kafka.input-topic`,
+/// `kafka.properties."sasl.mechanisms"`), `message` says what is wrong and what is allowed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {message}")]
+pub struct KafkaConfigError {
+    /// Dotted config key, starting with `kafka.`.
+    pub key: String,
+    /// What is wrong and what is allowed.
+    pub message: String,
+}
+
+fn config_error(key: impl Into<String>, message: impl Into<String>) -> KafkaConfigError {
+    KafkaConfigError {
+        key: key.into(),
+        message: message.into(),
+    }
+}
+
+/// Kafka's topic name rule: 1–249 bytes of `[A-Za-z0-9._-]`, not `.` or `..`.
+fn check_topic(key: &str, topic: &str) -> Result<(), KafkaConfigError> {
+    let ok_chars = topic
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if topic.is_empty() || topic.len() > 249 || !ok_chars || topic == "." || topic == ".." {
+        return Err(config_error(
+            key,
+            format!(
+                "invalid topic name {topic:?}: 1-249 bytes of [A-Za-z0-9._-], not \".\" or \"..\""
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Which client a [`ClientConfig`] is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// The consumer-group member reading the input topic.
+    Consumer,
+    /// The idempotent producer writing ready records and dead letters.
+    Producer,
+}
+
+impl KafkaConfig {
+    /// Checks the section without connecting: non-empty servers and group, valid and
+    /// distinct topic names, no managed key in `properties`, and every property known to
+    /// librdkafka with a value it accepts.
+    ///
+    /// Errors: [`KafkaConfigError`] for the first bad key.
+    pub fn validate(&self) -> Result<(), KafkaConfigError> {
+        if self.bootstrap_servers.trim().is_empty() {
+            return Err(config_error(
+                "kafka.bootstrap-servers",
+                "must list at least one host:port",
+            ));
+        }
+        if self.group_id.trim().is_empty() {
+            return Err(config_error("kafka.group-id", "must not be empty"));
+        }
+        check_topic("kafka.input-topic", &self.input_topic)?;
+        check_topic("kafka.dead-letter-topic", &self.dead_letter_topic)?;
+        if self.input_topic == self.dead_letter_topic {
+            return Err(config_error(
+                "kafka.dead-letter-topic",
+                "must differ from kafka.input-topic",
+            ));
+        }
+        for key in self.properties.keys() {
+            if let Some((_, why)) = MANAGED_PROPERTIES.iter().find(|(k, _)| k == key) {
+                return Err(config_error(
+                    format!("kafka.properties.{key:?}"),
+                    format!("managed by settle: {why}"),
+                ));
+            }
+        }
+        for role in [Role::Consumer, Role::Producer] {
+            self.client_config(role)
+                .create_native_config()
+                .map_err(|e| property_error(&self.properties, &e))?;
+        }
+        Ok(())
+    }
+
+    /// The librdkafka configuration of `role`: settle's settings, then `properties`.
+    pub fn client_config(&self, role: Role) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.bootstrap_servers)
+            .set("client.id", "settle")
+            .set_log_level(librdkafka_log_level());
+        match role {
+            Role::Consumer => {
+                c.set("group.id", &self.group_id)
+                    .set("partition.assignment.strategy", "cooperative-sticky")
+                    .set("enable.auto.commit", "false")
+                    .set("enable.auto.offset.store", "false")
+                    .set("enable.partition.eof", "true")
+                    .set("auto.offset.reset", "earliest")
+                    .set("fetch.wait.max.ms", "100");
+            }
+            Role::Producer => {
+                c.set("enable.idempotence", "true")
+                    .set("acks", "all")
+                    .set("linger.ms", "5")
+                    .set("message.timeout.ms", "30000");
+            }
+        }
+        for (k, v) in &self.properties {
+            c.set(k, v);
+        }
+        c
+    }
+}
+
+/// librdkafka's log level: what `tracing` would show for target `librdkafka` (so
+/// `SETTLE_LOG=librdkafka=debug` with `debug = "cgrp,fetch"` in the properties works).
+fn librdkafka_log_level() -> RDKafkaLogLevel {
+    use tracing::Level;
+    if tracing::enabled!(target: "librdkafka", Level::DEBUG) {
+        RDKafkaLogLevel::Debug
+    } else if tracing::enabled!(target: "librdkafka", Level::INFO) {
+        RDKafkaLogLevel::Info
+    } else {
+        RDKafkaLogLevel::Warning
+    }
+}
+
+/// Names the property a librdkafka configuration error is about, if it names one.
+fn property_error(properties: &BTreeMap<String, String>, e: &KafkaError) -> KafkaConfigError {
+    let text = e.to_string();
+    let key = properties
+        .keys()
+        .find(|k| text.contains(&format!("\"{k}\"")) || text.contains(k.as_str()))
+        .map_or_else(
+            || "kafka.properties".to_owned(),
+            |k| format!("kafka.properties.{k:?}"),
+        );
+    config_error(key, format!("rejected by librdkafka: {text}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors and their logging
+
+/// Locks a mutex of this module. Poisoning is ignored: every critical section leaves the
+/// data consistent (inserts, removals, replacements), so a panic elsewhere cannot corrupt it.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// librdkafka error codes after which the same request can never succeed.
+fn is_permanent(code: RDKafkaErrorCode) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        code,
+        C::MessageSizeTooLarge
+            | C::InvalidMessageSize
+            | C::InvalidMessage
+            | C::InvalidRecord
+            | C::InvalidTopic
+            | C::InvalidArgument
+            | C::InvalidConfig
+            | C::UnsupportedForMessageFormat
+            | C::UnsupportedVersion
+            | C::Fatal
+    )
+}
+
+/// The runtime's view of a librdkafka error (see the module docs for the split).
+fn classify(e: &KafkaError) -> Error {
+    let permanent = matches!(
+        e,
+        KafkaError::MessageConsumptionFatal(_) | KafkaError::ClientConfig(..)
+    ) || e.rdkafka_error_code().is_some_and(is_permanent);
+    if permanent {
+        Error::Fatal {
+            transport: TRANSPORT,
+            reason: e.to_string(),
+        }
+    } else {
+        Error::Unavailable {
+            transport: TRANSPORT,
+            reason: e.to_string(),
+        }
+    }
+}
+
+/// The state of one client's connection to the cluster, logged once per change (STYLE §7)
+/// rather than once per retry.
+#[derive(Debug)]
+struct Health {
+    client: &'static str,
+    /// Set while in trouble: lets [`Health::healthy`] skip the lock on the hot path.
+    troubled: AtomicBool,
+    /// What the trouble is (error code name), `None` when healthy.
+    trouble: Mutex<Option<String>>,
+}
+
+impl Health {
+    fn new(client: &'static str) -> Self {
+        Health {
+            client,
+            troubled: AtomicBool::new(false),
+            trouble: Mutex::new(None),
+        }
+    }
+
+    /// Records a failure; logs it when it differs from the current trouble.
+    fn failed(&self, e: &KafkaError, detail: &str) {
+        let state = e
+            .rdkafka_error_code()
+            .map_or_else(|| e.to_string(), |c| format!("{c:?}"));
+        let mut trouble = lock(&self.trouble);
+        if trouble.as_deref() != Some(state.as_str()) {
+            tracing::warn!(client = self.client, error = %e, detail, "kafka {}: degraded, librdkafka keeps retrying", self.client);
+            *trouble = Some(state);
+            self.troubled.store(true, Ordering::Release);
+        }
+    }
+
+    /// Records a success; logs the recovery when there was trouble.
+    fn healthy(&self) {
+        if !self.troubled.load(Ordering::Acquire) {
+            return;
+        }
+        if let Some(was) = lock(&self.trouble).take() {
+            tracing::info!(client = self.client, after = %was, "kafka {}: recovered", self.client);
+        }
+        self.troubled.store(false, Ordering::Release);
+    }
+}
+
+/// Routes librdkafka's log lines to `tracing` (target `librdkafka`). Connection failures
+/// (facility `FAIL`) go to debug: they repeat per reconnect attempt and [`Health`] already
+/// reports them once per change.
+fn log_line(level: RDKafkaLogLevel, fac: &str, message: &str) {
+    use RDKafkaLogLevel as L;
+    match level {
+        _ if fac == "FAIL" => tracing::debug!(target: "librdkafka", fac, "{message}"),
+        L::Emerg | L::Alert | L::Critical | L::Error => {
+            tracing::error!(target: "librdkafka", fac, "{message}")
+        }
+        L::Warning => tracing::warn!(target: "librdkafka", fac, "{message}"),
+        L::Notice | L::Info => tracing::info!(target: "librdkafka", fac, "{message}"),
+        L::Debug => tracing::debug!(target: "librdkafka", fac, "{message}"),
+    }
+}
+
+fn wall_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Consumer group: context, source
+
+type Events = mpsc::UnboundedSender<Result<SourceEvent<KafkaInput>, Error>>;
+
+/// The consumer-group member.
+type GroupConsumer = BaseConsumer<GroupContext>;
+
+/// The consumer's context: turns rebalances into [`SourceEvent`]s (module docs) and keeps
+/// what the final commits need.
+struct GroupContext {
+    /// Number of this source in the process (1, 2, ...), to tell members apart in logs.
+    member: u32,
+    topic: String,
+    topic_c: CString,
+    events: Events,
+    /// The consumer itself (set right after creation), to split partition queues.
+    consumer: OnceLock<Weak<GroupConsumer>>,
+    /// Inputs split in `pre_rebalance`, handed over in `post_rebalance`.
+    pending: Mutex<Vec<KafkaInput>>,
+    /// Owned partition → last offset committed by its input (next offset to consume).
+    committed: Mutex<BTreeMap<i32, i64>>,
+    health: Health,
+    /// A record arrived on the group queue (should not happen; warned once).
+    stray_warned: AtomicBool,
+}
+
+impl GroupContext {
+    /// Commits `partitions`' last committed offsets synchronously (`None`: every owned one)
+    /// and forgets them. Runs on the group thread.
+    fn commit_final<K: Consumer<GroupContext>>(&self, consumer: &K, partitions: Option<&[i32]>) {
+        let offsets: Vec<(i32, i64)> = {
+            let mut committed = lock(&self.committed);
+            match partitions {
+                Some(ps) => ps
+                    .iter()
+                    .filter_map(|p| committed.remove(p).map(|o| (*p, o)))
+                    .collect(),
+                None => std::mem::take(&mut *committed).into_iter().collect(),
+            }
+        };
+        if offsets.is_empty() {
+            return;
+        }
+        let mut tpl = TopicPartitionList::with_capacity(offsets.len());
+        for (p, o) in &offsets {
+            if let Err(e) = tpl.add_partition_offset(&self.topic, *p, Offset::Offset(*o)) {
+                tracing::warn!(partition = p, error = %e, "kafka: cannot build the final commit");
+            }
+        }
+        match consumer.commit(&tpl, CommitMode::Sync) {
+            Ok(()) => tracing::info!(member = self.member, ?offsets, "kafka: offsets committed"),
+            Err(e) => {
+                tracing::warn!(error = %e, ?offsets, "kafka: final offset commit failed; the stores keep the offsets")
+            }
+        }
+    }
+
+    fn partitions_of(&self, tpl: &TopicPartitionList) -> Vec<i32> {
+        tpl.elements()
+            .iter()
+            .filter(|e| e.topic() == self.topic)
+            .map(|e| e.partition())
+            .collect()
+    }
+}
+
+impl ClientContext for GroupContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        log_line(level, fac, log_message);
+    }
+
+    /// Every error event passes here first, partition EOF included (not a trouble).
+    fn error(&self, error: KafkaError, reason: &str) {
+        if error.rdkafka_error_code() != Some(RDKafkaErrorCode::PartitionEOF) {
+            self.health.failed(&error, reason);
+        }
+    }
+}
+
+impl ConsumerContext for GroupContext {
+    fn pre_rebalance(&self, base: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(tpl) => {
+                let Some(consumer) = self.consumer.get().and_then(Weak::upgrade) else {
+                    return;
+                };
+                let mut inputs = Vec::new();
+                for p in self.partitions_of(tpl) {
+                    match consumer.split_partition_queue(&self.topic, p) {
+                        Some(mut queue) => {
+                            let arrived = Arc::new(Notify::new());
+                            let wake = Arc::clone(&arrived);
+                            queue.set_nonempty_callback(move || wake.notify_one());
+                            inputs.push(KafkaInput {
+                                topic: self.topic.clone(),
+                                topic_c: self.topic_c.clone(),
+                                partition: p,
+                                queue,
+                                arrived,
+                                consumer: Arc::clone(&consumer),
+                                cursor: Cursor::default(),
+                            });
+                        }
+                        None => {
+                            tracing::error!(
+                                partition = p,
+                                "kafka: cannot split the partition queue"
+                            )
+                        }
+                    }
+                }
+                *lock(&self.pending) = inputs;
+            }
+            Rebalance::Revoke(tpl) => {
+                let partitions = self.partitions_of(tpl);
+                if partitions.is_empty() {
+                    return;
+                }
+                let lost = base.assignment_lost();
+                tracing::info!(
+                    ?partitions,
+                    lost,
+                    "kafka: partitions revoked; stopping their tasks"
+                );
+                let (done, stopped) = oneshot::channel();
+                let event = SourceEvent::Revoked {
+                    partitions: partitions.clone(),
+                    done,
+                };
+                if self.events.send(Ok(event)).is_ok() {
+                    // Blocks the group thread (never a tokio worker) until the runtime has
+                    // stopped the partitions' tasks; an Err means the runtime is gone.
+                    let _ = stopped.blocking_recv();
+                }
+                if lost {
+                    // Another member may own them already: committing could move its offsets back.
+                    let mut committed = lock(&self.committed);
+                    for p in &partitions {
+                        committed.remove(p);
+                    }
+                } else {
+                    self.commit_final(base, Some(&partitions));
+                }
+            }
+            Rebalance::Error(e) => self.health.failed(e, "rebalance"),
+        }
+    }
+
+    fn post_rebalance(&self, _base: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(_) = rebalance {
+            let inputs = std::mem::take(&mut *lock(&self.pending));
+            if inputs.is_empty() {
+                return;
+            }
+            self.health.healthy();
+            let partitions: Vec<i32> = inputs.iter().map(|i| i.partition).collect();
+            tracing::info!(
+                member = self.member,
+                ?partitions,
+                "kafka: partitions assigned"
+            );
+            // A failed send means the source is gone; the inputs are dropped with the event.
+            let _ = self.events.send(Ok(SourceEvent::Assigned(inputs)));
+        }
+    }
+
+    fn commit_callback(&self, result: KafkaResult<()>, _offsets: &TopicPartitionList) {
+        match result {
+            Ok(()) => self.health.healthy(),
+            Err(e) => self.health.failed(&e, "offset commit"),
+        }
+    }
+}
+
+/// How long one poll of the group queue blocks; also the group thread's stop latency.
+const GROUP_POLL: Duration = Duration::from_millis(100);
+
+/// [`Source`] of a Kafka consumer group on the input topic. Dropping it stops the group
+/// thread, commits the owned partitions' last durable offsets and leaves the group.
+pub struct KafkaSource {
+    events: mpsc::UnboundedReceiver<Result<SourceEvent<KafkaInput>, Error>>,
+    stop: Arc<AtomicBool>,
+    group_thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for KafkaSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSource").finish_non_exhaustive()
+    }
+}
+
+impl KafkaSource {
+    /// Joins consumer group `group-id` on `input-topic` (module docs for the settings).
+    /// Connecting happens in the background: a broker that is down is retried, not an error.
+    /// The inputs it hands out must be polled inside a tokio runtime.
+    ///
+    /// Errors: [`Error::Fatal`] when librdkafka rejects the configuration or the group
+    /// thread cannot be started.
+    pub fn new(config: &KafkaConfig) -> Result<Self, Error> {
+        let fatal = |reason: String| Error::Fatal {
+            transport: TRANSPORT,
+            reason,
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let topic_c = CString::new(config.input_topic.as_str())
+            .map_err(|_| fatal("kafka.input-topic contains a NUL byte".into()))?;
+        static MEMBERS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let context = GroupContext {
+            member: MEMBERS.fetch_add(1, Ordering::Relaxed) + 1,
+            topic: config.input_topic.clone(),
+            topic_c,
+            events: tx.clone(),
+            consumer: OnceLock::new(),
+            pending: Mutex::new(Vec::new()),
+            committed: Mutex::new(BTreeMap::new()),
+            health: Health::new("consumer"),
+            stray_warned: AtomicBool::new(false),
+        };
+        let consumer: Arc<GroupConsumer> = Arc::new(
+            config
+                .client_config(Role::Consumer)
+                .create_with_context(context)
+                .map_err(|e| fatal(format!("cannot create the Kafka consumer: {e}")))?,
+        );
+        // Set before subscribing, so the first rebalance finds it.
+        let _ = consumer.context().consumer.set(Arc::downgrade(&consumer));
+        consumer
+            .subscribe(&[&config.input_topic])
+            .map_err(|e| fatal(format!("cannot subscribe to {}: {e}", config.input_topic)))?;
+        let member = consumer.context().member;
+        let stop = Arc::new(AtomicBool::new(false));
+        let group_thread = std::thread::Builder::new()
+            .name("settle-kafka-group".into())
+            .spawn({
+                let stop = Arc::clone(&stop);
+                move || serve_group(&consumer, &tx, &stop)
+            })
+            .map_err(|e| fatal(format!("cannot start the Kafka group thread: {e}")))?;
+        tracing::info!(
+            member,
+            group = %config.group_id,
+            topic = %config.input_topic,
+            servers = %config.bootstrap_servers,
+            "kafka: joining the consumer group"
+        );
+        Ok(KafkaSource {
+            events: rx,
+            stop,
+            group_thread: Some(group_thread),
+        })
+    }
+}
+
+/// The group thread: polls the consumer's own queue (rebalance callbacks run here and may
+/// block) until `stop`, then commits the owned partitions' last offsets synchronously.
+fn serve_group(consumer: &GroupConsumer, events: &Events, stop: &AtomicBool) {
+    let ctx = consumer.context();
+    while !stop.load(Ordering::Acquire) {
+        match consumer.poll(GROUP_POLL) {
+            Some(Ok(message)) if !ctx.stray_warned.swap(true, Ordering::Relaxed) => {
+                tracing::warn!(
+                    topic = message.topic(),
+                    partition = message.partition(),
+                    offset = message.offset(),
+                    "kafka: record on the group queue ignored (its partition queue was not split)"
+                );
+            }
+            None | Some(Ok(_)) => {}
+            Some(Err(e @ KafkaError::MessageConsumptionFatal(_))) => {
+                tracing::error!(error = %e, "kafka: fatal consumer error");
+                let _ = events.send(Err(classify(&e)));
+            }
+            Some(Err(KafkaError::PartitionEOF(_))) => {}
+            Some(Err(e)) => ctx.health.failed(&e, "consumer"),
+        }
+    }
+    ctx.commit_final(consumer, None);
+}
+
+impl Source for KafkaSource {
+    type Input = KafkaInput;
+
+    async fn next_event(&mut self) -> Result<Option<SourceEvent<KafkaInput>>, Error> {
+        // `recv` is cancel-safe. The group thread holds a sender while it runs, so this
+        // pends while no assignment change comes.
+        match self.events.recv().await {
+            Some(Ok(event)) => Ok(Some(event)),
+            Some(Err(e)) => Err(e),
+            None => Ok(None),
+        }
+    }
+}
+
+impl Drop for KafkaSource {
+    fn drop(&mut self) {
+        // Undelivered events go first: a revoke callback waiting on one of their `done`
+        // senders is released, and later callbacks see the channel closed and do not wait.
+        self.events.close();
+        while self.events.try_recv().is_ok() {}
+        self.stop.store(true, Ordering::Release);
+        if let Some(thread) = self.group_thread.take() {
+            // Blocks for the final synchronous commit (bounded by librdkafka's timeouts);
+            // this runs once, when the runtime has stopped every partition.
+            if thread.join().is_err() {
+                tracing::error!("kafka: the group thread panicked");
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Partition input
+
+/// A fetch that is behind but yields nothing for this long is rewound (see [`KafkaInput`]).
+const FETCH_STALL: Duration = Duration::from_secs(1);
+
+/// First rewind distance (offsets); doubled on each further rewind of the same position.
+const FIRST_REWIND: i64 = 64;
+
+/// A rewind in progress: the fetcher was sent `step` offsets before the position.
+#[derive(Clone, Copy, Debug)]
+struct Rewind {
+    /// Where the fetcher was sent.
+    target: i64,
+    /// Distance from the position.
+    step: i64,
+    /// A record below the position arrived since: records exist right before it.
+    saw_below: bool,
+}
+
+/// Read position and caught-up evidence of one [`KafkaInput`].
+#[derive(Debug, Default)]
+struct Cursor {
+    /// Next offset to hand out (`None`: not known yet).
+    next: Option<i64>,
+    /// The committed offset was asked for as the first position (once per input).
+    position_known: bool,
+    /// librdkafka reported partition EOF after the last record handed out.
+    eof: bool,
+    /// High watermark from librdkafka's last fetch response for the partition.
+    high: Option<i64>,
+    /// When the position last moved (record handed out, seek, rewind).
+    progress_at: Option<Instant>,
+    /// The fetcher must be sent back before the position (gap or stall seen).
+    rewind_wanted: bool,
+    rewind: Option<Rewind>,
+    /// A fatal error met while records were handed out; returned by the next poll.
+    failed: Option<Error>,
+    /// An offset gap was already reported for this input.
+    gap_warned: bool,
+}
+
+impl Cursor {
+    /// A cursor positioned at `next` (after a seek).
+    fn at(next: i64) -> Self {
+        Cursor {
+            next: Some(next),
+            position_known: true,
+            progress_at: Some(Instant::now()),
+            ..Cursor::default()
+        }
+    }
+
+    /// Takes one item of the partition queue: a record (handed out unless it lies before
+    /// the position, or after it with the records in between unaccounted for), partition
+    /// EOF, or an error.
+    fn take(
+        &mut self,
+        item: KafkaResult<BorrowedMessage<'_>>,
+        out: &mut Vec<InputRecord>,
+        health: &Health,
+    ) {
+        match item {
+            Ok(m) => {
+                let offset = m.offset();
+                if let Some(next) = self.next {
+                    if offset < next {
+                        // Applied already (or read while rewinding).
+                        if let Some(r) = &mut self.rewind {
+                            r.saw_below = true;
+                        }
+                        return;
+                    }
+                    if offset > next {
+                        let confirmed = self.rewind.is_some_and(|r| r.saw_below || r.target == 0);
+                        if !confirmed {
+                            // The broker may have skipped the batch holding `next`.
+                            self.rewind_wanted = true;
+                            return;
+                        }
+                        if !self.gap_warned {
+                            self.gap_warned = true;
+                            tracing::warn!(
+                                partition = m.partition(),
+                                expected = next,
+                                got = offset,
+                                "kafka: offsets missing from the partition (deleted by retention, compaction or transaction markers)"
+                            );
+                        }
+                    }
+                }
+                if self.rewind_wanted {
+                    return;
+                }
+                self.rewind = None;
+                self.next = Some(offset + 1);
+                self.progress_at = Some(Instant::now());
+                self.eof = false;
+                health.healthy();
+                out.push(InputRecord {
+                    partition: m.partition(),
+                    offset,
+                    key: m.key().map(<[u8]>::to_vec),
+                    payload: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
+                    timestamp_ms: m.timestamp().to_millis().unwrap_or_else(wall_ms),
+                });
+            }
+            Err(KafkaError::PartitionEOF(_)) => self.eof = self.rewind.is_none(),
+            Err(e @ KafkaError::MessageConsumptionFatal(_)) => self.failed = Some(classify(&e)),
+            Err(e) => health.failed(&e, "partition fetch"),
+        }
+    }
+
+    /// The high watermark proves records wait after the position.
+    fn behind(&self) -> bool {
+        matches!((self.next, self.high), (Some(next), Some(high)) if next < high)
+    }
+
+    /// Behind, and nothing handed out for [`FETCH_STALL`].
+    fn stalled(&self) -> bool {
+        self.behind() && self.progress_at.is_some_and(|t| t.elapsed() >= FETCH_STALL)
+    }
+}
+
+/// [`PartitionInput`] of one assigned partition: its own queue split off the consumer group
+/// (module docs). Used by that partition's task only; its methods must run inside a tokio
+/// runtime (blocking librdkafka calls go to `spawn_blocking`).
+///
+/// # Position
+///
+/// The input knows the next offset it hands out: the offset sought, else the group's
+/// committed offset, else the first record's. A record below it is dropped (already
+/// applied). When the fetch yields a record *after* it, or nothing for [`FETCH_STALL`]
+/// while the high watermark is beyond it, the fetcher is sent back 64, 128, 256, ... offsets
+/// and the records below the position are dropped again, until the record at the position
+/// arrives. A gap is accepted only once confirmed (records right below the position exist,
+/// or the low watermark was reached). This costs nothing with Apache Kafka, which returns
+/// the batch holding any offset; tansu 0.6 returns only batches starting at or after the
+/// fetch offset, so resuming in the middle of a batch otherwise stalls or skips records.
+pub struct KafkaInput {
+    topic: String,
+    /// `topic` for librdkafka's C API.
+    topic_c: CString,
+    partition: i32,
+    queue: PartitionQueue<GroupContext>,
+    /// Notified by librdkafka when the queue turns non-empty.
+    arrived: Arc<Notify>,
+    consumer: Arc<GroupConsumer>,
+    cursor: Cursor,
+}
+
+impl std::fmt::Debug for KafkaInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaInput")
+            .field("topic", &self.topic)
+            .field("partition", &self.partition)
+            .field("cursor", &self.cursor)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KafkaInput {
+    /// Takes what the partition queue holds, up to `max` records in all. A `None` from
+    /// librdkafka may mean "served an internal event", so one more look is taken.
+    fn drain(&mut self, records: &mut Vec<InputRecord>, max: usize) {
+        let health = &self.consumer.context().health;
+        let mut idle = 0;
+        while records.len() < max && idle < 2 {
+            match self.queue.poll(Duration::ZERO) {
+                Some(item) => {
+                    idle = 0;
+                    self.cursor.take(item, records, health);
+                }
+                None => idle += 1,
+            }
+        }
+    }
+
+    fn one_partition(&self, offset: Offset) -> Result<TopicPartitionList, Error> {
+        let mut tpl = TopicPartitionList::with_capacity(1);
+        tpl.add_partition_offset(&self.topic, self.partition, offset)
+            .map_err(|e| classify(&e))?;
+        Ok(tpl)
+    }
+
+    /// Runs a blocking librdkafka call on the blocking pool.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        call: impl FnOnce(&GroupConsumer) -> KafkaResult<T> + Send + 'static,
+    ) -> Result<T, Error> {
+        let consumer = Arc::clone(&self.consumer);
+        tokio::task::spawn_blocking(move || call(&consumer))
+            .await
+            .map_err(|e| Error::Unavailable {
+                transport: TRANSPORT,
+                reason: format!("blocking Kafka call failed: {e}"),
+            })?
+            .map_err(|e| classify(&e))
+    }
+
+    /// Sends the fetcher to `offset`, waiting (up to [`SEEK_START_WAIT`]) for librdkafka to
+    /// start fetching a just-assigned partition.
+    async fn seek_fetcher(&self, offset: i64) -> Result<(), Error> {
+        let started = Instant::now();
+        loop {
+            let tpl = self.one_partition(Offset::Offset(offset))?;
+            let consumer = Arc::clone(&self.consumer);
+            let result = tokio::task::spawn_blocking(move || {
+                consumer
+                    .seek_partitions(tpl, CALL_TIMEOUT)
+                    .and_then(|tpl| tpl.elements().first().map_or(Ok(()), |e| e.error()))
+            })
+            .await
+            .map_err(|e| Error::Unavailable {
+                transport: TRANSPORT,
+                reason: format!("seek task failed: {e}"),
+            })?;
+            match result {
+                Ok(()) => return Ok(()),
+                Err(e) if not_started(&e) && started.elapsed() < SEEK_START_WAIT => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => return Err(classify(&e)),
+            }
+        }
+    }
+
+    /// Learns the position from the group's committed offset, once, before the first
+    /// record (so a skipped batch is noticed even without a seek).
+    async fn learn_position(&mut self) {
+        self.cursor.position_known = true;
+        let Ok(tpl) = self.one_partition(Offset::Invalid) else {
+            return;
+        };
+        match self
+            .blocking(move |c| c.committed_offsets(tpl, CALL_TIMEOUT))
+            .await
+        {
+            Ok(tpl) => {
+                if let Some(Offset::Offset(o)) = tpl.elements().first().map(|e| e.offset()) {
+                    if self.cursor.next.is_none() {
+                        self.cursor.next = Some(o);
+                        self.cursor.progress_at = Some(Instant::now());
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::debug!(partition = self.partition, error = %e, "kafka: committed offset unknown")
+            }
+        }
+    }
+
+    /// Sends the fetcher further back before the position (see the type docs).
+    async fn rewind(&mut self) -> Result<(), Error> {
+        let Some(next) = self.cursor.next else {
+            self.cursor.rewind_wanted = false;
+            return Ok(());
+        };
+        let step = self.cursor.rewind.map_or(FIRST_REWIND, |r| r.step * 2);
+        let target = (next - step).max(0);
+        tracing::debug!(
+            partition = self.partition,
+            next_offset = next,
+            target,
+            "kafka: fetch returned no batch holding the position; rewinding"
+        );
+        self.seek_fetcher(target.min(next)).await?;
+        let c = &mut self.cursor;
+        c.rewind_wanted = false;
+        c.rewind = Some(Rewind {
+            target,
+            step,
+            saw_below: false,
+        });
+        c.progress_at = Some(Instant::now());
+        c.eof = false;
+        Ok(())
+    }
+
+    /// The high watermark librdkafka cached from its last fetch response for this
+    /// partition (no request is sent). Not ListOffsets: tansu 0.6 answers "latest" with the
+    /// newest batch's base offset + 1.
+    fn cached_high_watermark(&self) -> Option<i64> {
+        let (mut low, mut high) = (-1_i64, -1_i64);
+        // SAFETY: the client pointer is live (`self.consumer` owns the client), `topic_c` is
+        // a NUL-terminated string that outlives the call, and librdkafka only writes the two
+        // out-parameters (under its own partition lock).
+        let err = unsafe {
+            rdkafka::bindings::rd_kafka_get_watermark_offsets(
+                self.consumer.client().native_ptr(),
+                self.topic_c.as_ptr(),
+                self.partition,
+                &mut low,
+                &mut high,
+            )
+        };
+        (err == rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0)
+            .then_some(high)
+    }
+
+    /// Whether the partition has nothing more to read after the records handed out
+    /// (module docs: EOF, else the high watermark).
+    fn caught_up(&mut self) -> bool {
+        self.cursor.high = self.cached_high_watermark().or(self.cursor.high);
+        if self.cursor.eof {
+            return true;
+        }
+        match (self.cursor.next, self.cursor.high) {
+            (Some(next), Some(high)) => next >= high && self.cursor.rewind.is_none(),
+            _ => false,
+        }
+    }
+}
+
+/// librdkafka refuses a seek while a just-assigned partition has not started fetching.
+fn not_started(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::State | RDKafkaErrorCode::PreviousInProgress)
+    )
+}
+
+impl PartitionInput for KafkaInput {
+    fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    fn partition(&self) -> i32 {
+        self.partition
+    }
+
+    async fn seek(&mut self, next_offset: i64) -> Result<(), Error> {
+        self.seek_fetcher(next_offset).await?;
+        tracing::debug!(
+            partition = self.partition,
+            next_offset,
+            "kafka: input positioned"
+        );
+        self.cursor = Cursor::at(next_offset);
+        Ok(())
+    }
+
+    async fn poll(&mut self, max: usize, wait: Duration) -> Result<InputBatch, Error> {
+        if let Some(e) = self.cursor.failed.take() {
+            return Err(e);
+        }
+        if !self.cursor.position_known {
+            self.learn_position().await;
+        }
+        let max = max.max(1);
+        let mut records = Vec::new();
+        let was_caught_up = self.cursor.eof;
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            self.drain(&mut records, max);
+            if self.cursor.rewind_wanted && records.is_empty() {
+                self.rewind().await?;
+                continue;
+            }
+            // Return with records, on a fatal error, or when the partition just reached its
+            // end (so the runtime moves partition time to the wall clock at once).
+            let c = &self.cursor;
+            if !records.is_empty() || c.failed.is_some() || (c.eof && !was_caught_up) {
+                break;
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                break;
+            }
+            // Woken by the queue turning non-empty; re-checked after `QUEUE_RECHECK` anyway
+            // (librdkafka signals only the empty → non-empty transition).
+            let _ =
+                tokio::time::timeout_at(deadline.min(now + QUEUE_RECHECK), self.arrived.notified())
+                    .await;
+        }
+        if records.is_empty() {
+            if let Some(e) = self.cursor.failed.take() {
+                return Err(e);
+            }
+        }
+        let caught_up = records.len() < max && self.caught_up();
+        if records.is_empty() && !caught_up && self.cursor.stalled() {
+            self.rewind().await?;
+        }
+        Ok(InputBatch { records, caught_up })
+    }
+
+    async fn commit(&mut self, next_offset: i64) -> Result<(), Error> {
+        let tpl = self.one_partition(Offset::Offset(next_offset))?;
+        self.consumer
+            .commit(&tpl, CommitMode::Async)
+            .map_err(|e| classify(&e))?;
+        lock(&self.consumer.context().committed).insert(self.partition, next_offset);
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sink
+
+/// Context of the producer: logging and [`Health`] only.
+struct ProducerContext {
+    health: Arc<Health>,
+}
+
+impl ClientContext for ProducerContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        log_line(level, fac, log_message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        self.health.failed(&error, reason);
+    }
+}
+
+/// [`Sink`] over one idempotent producer (`enable.idempotence=true`, `acks=all`): ready
+/// records go to their message's topic (the tier's topic) keyed by session key with header
+/// `settle-emission-id`; dead letters go to `dead-letter-topic` with the original key,
+/// payload and timestamp and the `settle-dlq-*` headers. Cheap to clone (one producer).
+#[derive(Clone)]
+pub struct KafkaSink {
+    producer: FutureProducer<ProducerContext>,
+    health: Arc<Health>,
+    input_topic: Arc<str>,
+    dead_letter_topic: Arc<str>,
+}
+
+impl std::fmt::Debug for KafkaSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSink")
+            .field("input_topic", &self.input_topic)
+            .field("dead_letter_topic", &self.dead_letter_topic)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KafkaSink {
+    /// Creates the producer. Connecting happens in the background.
+    ///
+    /// Errors: [`Error::Fatal`] when librdkafka rejects the configuration.
+    pub fn new(config: &KafkaConfig) -> Result<Self, Error> {
+        let health = Arc::new(Health::new("producer"));
+        let producer = config
+            .client_config(Role::Producer)
+            .create_with_context(ProducerContext {
+                health: Arc::clone(&health),
+            })
+            .map_err(|e| Error::Fatal {
+                transport: TRANSPORT,
+                reason: format!("cannot create the Kafka producer: {e}"),
+            })?;
+        Ok(KafkaSink {
+            producer,
+            health,
+            input_topic: config.input_topic.as_str().into(),
+            dead_letter_topic: config.dead_letter_topic.as_str().into(),
+        })
+    }
+
+    /// Sends one record and waits for its delivery report.
+    async fn deliver(&self, record: FutureRecord<'_, [u8], [u8]>) -> Result<(), Error> {
+        match self.producer.send(record, QUEUE_TIMEOUT).await {
+            Ok(_) => {
+                self.health.healthy();
+                Ok(())
+            }
+            Err((e, _)) => {
+                self.health.failed(&e, "delivery");
+                Err(classify(&e))
+            }
+        }
+    }
+}
+
+impl Sink for KafkaSink {
+    async fn publish(&self, message: ReadyMessage) -> Result<(), Error> {
+        let headers = OwnedHeaders::new_with_capacity(1).insert(Header {
+            key: EMISSION_ID_HEADER,
+            value: Some(message.emission_id.as_bytes()),
+        });
+        let record = FutureRecord::to(&message.topic)
+            .key(message.key.as_bytes())
+            .payload(message.payload.as_slice())
+            .headers(headers);
+        self.deliver(record).await
+    }
+
+    async fn dead_letter(&self, record: &InputRecord, reason: &str) -> Result<(), Error> {
+        let partition = record.partition.to_string();
+        let offset = record.offset.to_string();
+        let headers = OwnedHeaders::new_with_capacity(4)
+            .insert(Header {
+                key: DLQ_REASON_HEADER,
+                value: Some(reason),
+            })
+            .insert(Header {
+                key: DLQ_SOURCE_TOPIC_HEADER,
+                value: Some(&*self.input_topic),
+            })
+            .insert(Header {
+                key: DLQ_SOURCE_PARTITION_HEADER,
+                value: Some(&partition),
+            })
+            .insert(Header {
+                key: DLQ_SOURCE_OFFSET_HEADER,
+                value: Some(&offset),
+            });
+        let mut out = FutureRecord::to(&self.dead_letter_topic)
+            .payload(record.payload.as_slice())
+            .timestamp(record.timestamp_ms)
+            .headers(headers);
+        if let Some(key) = &record.key {
+            out = out.key(key.as_slice());
+        }
+        self.deliver(out).await
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// `settle run` on Kafka
+
+/// Runs settle on Kafka until `shutdown` is cancelled: the partition runtime
+/// ([`Runtime::run`]) over a [`KafkaSource`] and a [`KafkaSink`], stores under
+/// `config.store.data-dir`, the debounce policies of `config`, emissions to the first tier's
+/// topic of `tiers` (tier routing is not wired into the runtime yet). Must run inside a
+/// tokio runtime.
+///
+/// Errors: an invalid `[kafka]` section (the message names the key), clients librdkafka
+/// rejects, or a fatal source error. Partitions that failed are in the summary.
+pub async fn run_until(
+    config: &Config,
+    kafka: &KafkaConfig,
+    tiers: &TiersConfig,
+    shutdown: CancellationToken,
+) -> anyhow::Result<RunSummary> {
+    kafka.validate()?;
+    let sink = KafkaSink::new(kafka)?;
+    let source = KafkaSource::new(kafka)?;
+    let mut options = RuntimeOptions::from_config(config);
+    if let Some(first) = tiers.tiers.first() {
+        options.output_topic = first.topic.clone();
+    }
+    let runtime = Runtime::new(
+        Engine::new(config.policy_table()),
+        sink,
+        SystemClock,
+        options,
+    );
+    Ok(runtime.run(source, shutdown).await?)
+}
+
+/// `settle run` on Kafka: builds a tokio runtime, runs [`run_until`] until SIGINT/SIGTERM
+/// (a second signal exits at once), then reports failed partitions.
+///
+/// Errors: as [`run_until`]; also when a partition failed (the message names it and why).
+pub fn run(config: &Config, kafka: &KafkaConfig, tiers: &TiersConfig) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the tokio runtime")?;
+    rt.block_on(async {
+        let shutdown = CancellationToken::new();
+        let signals =
+            shutdown_on_signals(shutdown.clone()).context("cannot install signal handlers")?;
+        let summary = run_until(config, kafka, tiers, shutdown).await;
+        signals.abort();
+        let summary = summary?;
+        if let Some((p, reason)) = summary.failed().first() {
+            anyhow::bail!("partition {p} failed: {reason}");
+        }
+        Ok(())
+    })
+}
