@@ -120,7 +120,9 @@ summary() {
     if [ "${#FAILED_STEPS[@]}" -eq 0 ] && [ "${1:-0}" -eq 0 ]; then
         printf 'settle test.sh: SUCCESS in %s\n' "$total"
     else
-        printf 'settle test.sh: FAILED (%s) after %s\n' "${FAILED_STEPS[*]:-aborted}" "$total"
+        local why="${FAILED_STEPS[*]:-}"
+        if [ "${1:-0}" -ge 128 ]; then why="${why:+$why, }interrupted by a signal"; fi
+        printf 'settle test.sh: FAILED (%s) after %s\n' "${why:-aborted}" "$total"
     fi
 }
 
