@@ -1,13 +1,48 @@
 //! `settle loadgen`: realistic upload traffic into the Kafka input topic, and the Kafka
-//! tooling around it (create topics, read a topic back).
+//! tooling around it (create topics, produce and read records back).
 //!
-//! Scenario generators come later in this file; the tooling first.
+//! # Scenarios
+//!
+//! The traffic shapes of `settle demo` (SEMANTICS §1), one session at a time
+//! ([`Scenario::session`]), drawing from the random source exactly as the demo's schedule
+//! does, so the demo can be built from the same generators:
+//!
+//! | scenario | one session |
+//! |---|---|
+//! | `burst` | `burst-machines` CI machines (700) upload once each within `burst-spread` (1.5 s) |
+//! | `split` | one upload split in 2 requests (`part` 1/2, 2/2) `split-gap` (300 ms) apart |
+//! | `trickle` | a slow sender: `trickle-uploads` (5) uploads, 2–3 s apart |
+//! | `tenants` | a small burst of `tenant-uploads` (10) within 600 ms; sessions spread over many tenants |
+//! | `mix` | each session one of the above, weighted so uploads split 40/20/10/30 % |
+//!
+//! # Rate
+//!
+//! Open loop: session `n + 1` starts `uploads of session n / rate` seconds after session `n`,
+//! so on average `--rate` uploads per second go out, in the bursts the scenarios make (a
+//! 700-machine burst is 700 uploads within 1.5 s whatever the rate). Sessions are spread
+//! round-robin over `--tenants` tenants (`tenant-0000`, ...). No session starts after
+//! `--duration` (or after `--sessions` sessions); the started ones finish. When the broker
+//! cannot keep up, uploads go out late and the summary's achieved rate says so.
+//!
+//! Every upload is sent as it falls due, keyed `tenant/session`, stamped with the producer's
+//! clock (or the broker's, for `LogAppendTime` topics), through an idempotent producer; up
+//! to [`MAX_IN_FLIGHT`] deliveries are awaited concurrently.
+//!
+//! # Trace
+//!
+//! `--trace-out FILE` writes one line per delivered upload: the upload record plus `"ts"`
+//! (the record timestamp from the delivery report, ms), `"partition"` and `"offset"`, sorted
+//! by `(ts, partition, offset)` (lines are kept in memory until the end, about 150 bytes per
+//! upload). That is the `settle simulate` trace format, so a run can be replayed offline and
+//! compared with what settle emitted.
 
-use crate::transport::kafka::{KafkaConfig, Role};
+use crate::transport::kafka::{KafkaConfig, LogContext, Role};
 use anyhow::{anyhow, Context as _};
+use futures::stream::{FuturesUnordered, StreamExt};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::ClientContext;
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers as _, Message as _};
@@ -15,7 +50,554 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 use std::collections::BTreeSet;
+use std::collections::BinaryHeap;
+use std::fmt;
+use std::io::Write;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
+
+// ---------------------------------------------------------------------------------------------
+// Scenarios
+
+/// A traffic shape (module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum Scenario {
+    /// 700 machines upload into one session within 1.5 s.
+    Burst,
+    /// One upload in 2 requests (`part` 1/2, 2/2) 300 ms apart.
+    Split,
+    /// A slow sender: 5 uploads 2–3 s apart.
+    Trickle,
+    /// Small bursts (10 uploads within 600 ms) spread over many tenants.
+    Tenants,
+    /// Each session one of the above (uploads split 40/20/10/30 %).
+    Mix,
+}
+
+/// The four pure scenarios, in the order of the module table.
+pub const SCENARIOS: [Scenario; 4] = [
+    Scenario::Burst,
+    Scenario::Split,
+    Scenario::Trickle,
+    Scenario::Tenants,
+];
+
+/// Share of uploads of each pure scenario in [`Scenario::Mix`], in [`SCENARIOS`] order.
+const MIX_UPLOAD_SHARE: [f64; 4] = [0.4, 0.2, 0.1, 0.3];
+
+/// Sizes of the scenarios (defaults: the demo's, in real time).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shape {
+    /// Uploads of a `burst` session (one per CI machine).
+    pub burst_machines: u32,
+    /// Time a `burst` session's uploads spread over (ms).
+    pub burst_spread_ms: u64,
+    /// Time between the 2 parts of a `split` upload (ms).
+    pub split_gap_ms: u64,
+    /// Uploads of a `trickle` session.
+    pub trickle_uploads: u32,
+    /// Gap between two `trickle` uploads: drawn from this range (ms).
+    pub trickle_gap_ms: std::ops::Range<u64>,
+    /// Uploads of a `tenants` session.
+    pub tenant_uploads: u32,
+    /// Time a `tenants` session's uploads spread over (ms).
+    pub tenant_spread_ms: u64,
+}
+
+impl Default for Shape {
+    fn default() -> Self {
+        Shape {
+            burst_machines: 700,
+            burst_spread_ms: 1_500,
+            split_gap_ms: 300,
+            trickle_uploads: 5,
+            trickle_gap_ms: 2_000..3_000,
+            tenant_uploads: 10,
+            tenant_spread_ms: 600,
+        }
+    }
+}
+
+/// One upload of a session: `at_ms` after the session's start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedUpload {
+    /// Time after the session's start (ms).
+    pub at_ms: u64,
+    /// Record key, `tenant/session`.
+    pub key: String,
+    /// The upload record (SEMANTICS §2).
+    pub json: String,
+}
+
+/// An upload record (SEMANTICS §2) with `event_id` and `extra` (`,"field":value...` or empty)
+/// appended inside the object.
+pub fn upload_json(tenant: &str, session: &str, event_id: &str, extra: &str) -> String {
+    format!(r#"{{"tenant":"{tenant}","session":"{session}","event_id":"{event_id}"{extra}}}"#)
+}
+
+impl Scenario {
+    /// Mean uploads of one session.
+    pub fn uploads_per_session(self, shape: &Shape) -> f64 {
+        match self {
+            Scenario::Burst => f64::from(shape.burst_machines),
+            Scenario::Split => 2.0,
+            Scenario::Trickle => f64::from(shape.trickle_uploads),
+            Scenario::Tenants => f64::from(shape.tenant_uploads),
+            Scenario::Mix => 1.0 / mix_weights(shape).iter().map(|(_, w)| w).sum::<f64>(),
+        }
+    }
+
+    /// The pure scenario of one session: `self`, or for [`Scenario::Mix`] one drawn from
+    /// `rng` (sessions weighted so uploads split as documented).
+    pub fn pick(self, rng: &mut impl Rng, shape: &Shape) -> Scenario {
+        if self != Scenario::Mix {
+            return self;
+        }
+        let weights = mix_weights(shape);
+        let total: f64 = weights.iter().map(|(_, w)| w).sum();
+        let mut x = rng.random_range(0.0..total);
+        for (scenario, w) in weights {
+            if x < w {
+                return scenario;
+            }
+            x -= w;
+        }
+        Scenario::Tenants
+    }
+
+    /// The uploads of one session of `tenant/session`, sorted by time, times relative to the
+    /// session's start. Draws from `rng` exactly as `settle demo`'s schedule does for one
+    /// session (its start time is the caller's draw). [`Scenario::Mix`] picks first.
+    pub fn session(
+        self,
+        rng: &mut impl Rng,
+        tenant: &str,
+        session: &str,
+        shape: &Shape,
+    ) -> Vec<PlannedUpload> {
+        let key = format!("{tenant}/{session}");
+        let upload = |at_ms: u64, id: String, extra: &str| PlannedUpload {
+            at_ms,
+            key: key.clone(),
+            json: upload_json(tenant, session, &id, extra),
+        };
+        let mut plan: Vec<PlannedUpload> = match self.pick(rng, shape) {
+            Scenario::Burst => (0..shape.burst_machines)
+                .map(|m| {
+                    let at = rng.random_range(0..shape.burst_spread_ms.max(1));
+                    upload(at, format!("m{m}"), "")
+                })
+                .collect(),
+            Scenario::Split => [(1, 0), (2, shape.split_gap_ms)]
+                .into_iter()
+                .map(|(i, at)| {
+                    let extra = format!(r#","part":{{"index":{i},"count":2}}"#);
+                    upload(at, format!("p{i}"), &extra)
+                })
+                .collect(),
+            Scenario::Trickle => {
+                let mut at = 0;
+                (0..shape.trickle_uploads)
+                    .map(|i| {
+                        let u = upload(at, format!("u{i}"), "");
+                        at += rng.random_range(shape.trickle_gap_ms.clone());
+                        u
+                    })
+                    .collect()
+            }
+            Scenario::Tenants | Scenario::Mix => (0..shape.tenant_uploads)
+                .map(|i| {
+                    let at = rng.random_range(0..shape.tenant_spread_ms.max(1));
+                    upload(at, format!("u{i}"), "")
+                })
+                .collect(),
+        };
+        plan.sort_by_key(|u| u.at_ms);
+        plan
+    }
+}
+
+/// `(scenario, sessions weight)` of [`Scenario::Mix`]: upload share / uploads per session.
+fn mix_weights(shape: &Shape) -> [(Scenario, f64); 4] {
+    let mut w = [(Scenario::Burst, 0.0); 4];
+    for (i, s) in SCENARIOS.into_iter().enumerate() {
+        w[i] = (
+            s,
+            MIX_UPLOAD_SHARE[i] / s.uploads_per_session(shape).max(1.0),
+        );
+    }
+    w
+}
+
+// ---------------------------------------------------------------------------------------------
+// The load generator
+
+/// Most deliveries awaited at once; sending pauses at this many.
+pub const MAX_IN_FLIGHT: usize = 50_000;
+
+/// `settle loadgen`: its command-line arguments (clap).
+#[derive(Clone, Debug, clap::Args)]
+pub struct LoadgenArgs {
+    /// Kafka bootstrap servers (host:port, comma-separated).
+    #[arg(long, default_value = "127.0.0.1:9092", env = "SETTLE_KAFKA_BOOTSTRAP")]
+    pub bootstrap_servers: String,
+    /// Topic the uploads go to (settle's input topic).
+    #[arg(long, default_value = "settle.uploads")]
+    pub topic: String,
+    /// librdkafka property for the producer, KEY=VALUE (repeatable; SASL, TLS, ...).
+    #[arg(short = 'X', long = "property", value_name = "KEY=VALUE", value_parser = parse_property)]
+    pub properties: Vec<(String, String)>,
+    /// Traffic shape.
+    #[arg(long, value_enum, default_value_t = Scenario::Mix)]
+    pub scenario: Scenario,
+    /// Target uploads per second (average; scenarios burst above it).
+    #[arg(long, default_value_t = 1000.0)]
+    pub rate: f64,
+    /// How long new sessions start (e.g. "60s", "5m"); started sessions then finish.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// Tenants the sessions are spread over.
+    #[arg(long, default_value_t = 100)]
+    pub tenants: u32,
+    /// Start at most this many sessions (default: as many as the duration allows).
+    #[arg(long)]
+    pub sessions: Option<u64>,
+    /// Uploads of a `burst` session (CI machines).
+    #[arg(long, default_value_t = 700)]
+    pub burst_machines: u32,
+    /// Seed of the schedule's randomness (same seed, same schedule).
+    #[arg(long, default_value_t = 7)]
+    pub seed: u64,
+    /// Write every delivered upload as a trace line (upload + "ts", "partition", "offset").
+    #[arg(long, value_name = "FILE")]
+    pub trace_out: Option<PathBuf>,
+    /// Create the topic with this many partitions first, if it does not exist.
+    #[arg(long, value_name = "PARTITIONS")]
+    pub create_topic: Option<i32>,
+    /// No progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+fn parse_property(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.to_owned())),
+        _ => Err(format!("expected KEY=VALUE, got {text:?}")),
+    }
+}
+
+impl LoadgenArgs {
+    /// The Kafka settings these arguments describe (the producer side of `[kafka]`).
+    pub fn kafka(&self) -> KafkaConfig {
+        KafkaConfig {
+            bootstrap_servers: self.bootstrap_servers.clone(),
+            input_topic: self.topic.clone(),
+            properties: self.properties.iter().cloned().collect(),
+            ..KafkaConfig::default()
+        }
+    }
+
+    fn shape(&self) -> Shape {
+        Shape {
+            burst_machines: self.burst_machines.max(1),
+            ..Shape::default()
+        }
+    }
+}
+
+/// What a `settle loadgen` run did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LoadgenReport {
+    /// Uploads the broker acknowledged.
+    pub produced: u64,
+    /// Uploads whose delivery failed.
+    pub failed: u64,
+    /// Sessions started, per pure scenario in [`SCENARIOS`] order.
+    pub sessions: [u64; 4],
+    /// Uploads acknowledged, per pure scenario in [`SCENARIOS`] order.
+    pub uploads: [u64; 4],
+    /// Wall time from the first send to the last delivery report (ms).
+    pub elapsed_ms: u64,
+    /// Length of the window in which sessions started (`--duration`, ms).
+    pub window_ms: u64,
+    /// How long the started sessions' uploads were planned to go on after the window (ms).
+    pub tail_ms: u64,
+    /// The rate asked for (uploads/s).
+    pub target_rate: f64,
+    /// Deliveries that came later than 1 s after their planned time (the producer fell behind).
+    pub late: u64,
+    /// Where the trace went, if anywhere.
+    pub trace: Option<PathBuf>,
+}
+
+impl LoadgenReport {
+    /// The rate achieved (uploads/s): acknowledged uploads over the window, stretched by how
+    /// far the last delivery came after the last planned send (the producer falling behind).
+    pub fn rate(&self) -> f64 {
+        let behind = self
+            .elapsed_ms
+            .saturating_sub(self.window_ms + self.tail_ms);
+        self.produced as f64 * 1000.0 / (self.window_ms + behind).max(1) as f64
+    }
+}
+
+impl fmt::Display for LoadgenReport {
+    /// The summary printed at the end of `settle loadgen`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "produced {} uploads: {:.0} uploads/s during the {:.1} s window (target {:.0}), all sessions done after {:.1} s{}",
+            self.produced,
+            self.rate(),
+            self.window_ms as f64 / 1000.0,
+            self.target_rate,
+            self.elapsed_ms as f64 / 1000.0,
+            if self.failed > 0 {
+                format!(", {} FAILED", self.failed)
+            } else {
+                String::new()
+            }
+        )?;
+        for (i, s) in SCENARIOS.iter().enumerate() {
+            if self.sessions[i] > 0 {
+                writeln!(
+                    f,
+                    "  {:<8} {:>7} sessions {:>9} uploads",
+                    format!("{s:?}").to_lowercase(),
+                    self.sessions[i],
+                    self.uploads[i]
+                )?;
+            }
+        }
+        if self.late > 0 {
+            writeln!(
+                f,
+                "  {} uploads delivered more than 1 s after their planned time (producer behind)",
+                self.late
+            )?;
+        }
+        match &self.trace {
+            Some(path) => write!(f, "trace: {}", path.display()),
+            None => write!(f, "trace: not written (--trace-out FILE)"),
+        }
+    }
+}
+
+/// Runs `settle loadgen` (builds its own tokio runtime; call it from a plain thread).
+///
+/// Errors: as [`run_async`].
+pub fn run(args: &LoadgenArgs) -> anyhow::Result<LoadgenReport> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the tokio runtime")?
+        .block_on(run_async(args))
+}
+
+/// One upload waiting for its time.
+struct Due {
+    at: tokio::time::Instant,
+    seq: u64,
+    scenario: usize,
+    upload: PlannedUpload,
+}
+
+impl PartialEq for Due {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+impl Eq for Due {}
+impl PartialOrd for Due {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Due {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        // Reversed: the heap pops the earliest.
+        (other.at, other.seq).cmp(&(self.at, self.seq))
+    }
+}
+
+/// The async body of [`run`].
+///
+/// Errors: invalid arguments (rate, properties), the producer cannot be created, the topic
+/// cannot be created (`--create-topic`), or the trace file cannot be written.
+pub async fn run_async(args: &LoadgenArgs) -> anyhow::Result<LoadgenReport> {
+    anyhow::ensure!(
+        args.rate.is_finite() && args.rate > 0.0,
+        "--rate must be a positive number of uploads per second"
+    );
+    let kafka = args.kafka();
+    if let Some(partitions) = args.create_topic {
+        create_topics(&kafka, &[(&kafka.input_topic, partitions.max(1))]).await?;
+    }
+    let producer: FutureProducer<LogContext> = kafka
+        .client_config(Role::Producer)
+        .create_with_context(LogContext)
+        .context("cannot create the Kafka producer (check the -X properties)")?;
+    let trace_file = match &args.trace_out {
+        Some(path) => Some(
+            std::fs::File::create(path)
+                .with_context(|| format!("cannot create {}", path.display()))?,
+        ),
+        None => None,
+    };
+    let mut trace: Vec<(i64, i32, i64, String)> = Vec::new();
+    let shape = args.shape();
+    let mut rng = StdRng::seed_from_u64(args.seed);
+    let planned_total = (args.rate * args.duration.as_secs_f64()) as u64;
+    let bar = progress_bar(!args.no_progress, planned_total);
+    let mut report = LoadgenReport {
+        target_rate: args.rate,
+        trace: args.trace_out.clone(),
+        ..LoadgenReport::default()
+    };
+
+    let start = tokio::time::Instant::now();
+    let stop_at = start + args.duration;
+    let mut next_session = start;
+    let mut started: u64 = 0;
+    let mut seq: u64 = 0;
+    let mut last_planned = start;
+    let mut due: BinaryHeap<Due> = BinaryHeap::new();
+    let mut in_flight = FuturesUnordered::new();
+    let mut failure_logged = false;
+    loop {
+        let sessions_open = next_session < stop_at && args.sessions.is_none_or(|n| started < n);
+        if !sessions_open && due.is_empty() && in_flight.is_empty() {
+            break;
+        }
+        // Start every session whose time has come.
+        let now = tokio::time::Instant::now();
+        while sessions_open
+            && next_session <= now
+            && next_session < stop_at
+            && args.sessions.is_none_or(|n| started < n)
+        {
+            let scenario = args.scenario.pick(&mut rng, &shape);
+            let index = SCENARIOS.iter().position(|s| *s == scenario).unwrap_or(3);
+            let tenant = format!("tenant-{:04}", started % u64::from(args.tenants.max(1)));
+            let session = format!("{}-{started}", format!("{scenario:?}").to_lowercase());
+            let uploads = scenario.session(&mut rng, &tenant, &session, &shape);
+            next_session += Duration::from_secs_f64(uploads.len() as f64 / args.rate);
+            for upload in uploads {
+                seq += 1;
+                last_planned = last_planned.max(now + Duration::from_millis(upload.at_ms));
+                due.push(Due {
+                    at: now + Duration::from_millis(upload.at_ms),
+                    seq,
+                    scenario: index,
+                    upload,
+                });
+            }
+            report.sessions[index] += 1;
+            started += 1;
+        }
+        // Send every upload whose time has come (while there is room in flight).
+        while in_flight.len() < MAX_IN_FLIGHT && due.peek().is_some_and(|d| d.at <= now) {
+            let Some(d) = due.pop() else { break };
+            let record = FutureRecord::to(&kafka.input_topic)
+                .key(d.upload.key.as_bytes())
+                .payload(d.upload.json.as_bytes());
+            match producer.send_result(record) {
+                Ok(delivery) => in_flight.push(async move { (delivery.await, d) }),
+                Err((e, _)) => {
+                    // Local queue full: wait for deliveries below, retry this one.
+                    tracing::debug!(error = %e, "producer queue full");
+                    due.push(d);
+                    break;
+                }
+            }
+        }
+        // Wait for the next due time, the next session, or a delivery report.
+        let wake = [
+            due.peek().map(|d| d.at),
+            sessions_open.then_some(next_session),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(now + Duration::from_millis(100));
+        tokio::select! {
+            Some((result, d)) = in_flight.next(), if !in_flight.is_empty() => {
+                match result {
+                    Ok(Ok(delivery)) => {
+                        report.produced += 1;
+                        report.uploads[d.scenario] += 1;
+                        if d.at.elapsed() > Duration::from_secs(1) {
+                            report.late += 1;
+                        }
+                        if trace_file.is_some() {
+                            trace.push(trace_line(&d.upload.json, &delivery));
+                        }
+                    }
+                    failed => {
+                        let e = match failed {
+                            Ok(Err((e, _))) => e.to_string(),
+                            _ => "producer dropped the delivery report".to_owned(),
+                        };
+                        report.failed += 1;
+                        if !failure_logged {
+                            failure_logged = true;
+                            tracing::warn!(error = %e, "delivery failed (later failures are only counted)");
+                        }
+                    }
+                }
+                if report.produced % 1000 == 0 {
+                    bar.set_position(report.produced);
+                    bar.set_message(format!("{:.0} uploads/s, {} in flight", report.produced as f64 / start.elapsed().as_secs_f64().max(0.001), in_flight.len()));
+                }
+            }
+            () = tokio::time::sleep_until(wake), if in_flight.len() < MAX_IN_FLIGHT => {}
+        }
+    }
+    report.elapsed_ms = start.elapsed().as_millis() as u64;
+    report.window_ms = args.duration.as_millis() as u64;
+    report.tail_ms = last_planned.saturating_duration_since(stop_at).as_millis() as u64;
+    bar.finish_and_clear();
+    if let Some(file) = trace_file {
+        trace.sort_unstable();
+        let mut out = std::io::BufWriter::new(file);
+        for (.., line) in &trace {
+            writeln!(out, "{line}").context("cannot write the trace")?;
+        }
+        out.flush().context("cannot write the trace")?;
+    }
+    Ok(report)
+}
+
+/// One trace line, with its sort key: `json` with `"ts"`, `"partition"` and `"offset"` added.
+fn trace_line(
+    json: &str,
+    delivery: &rdkafka::producer::future_producer::Delivery,
+) -> (i64, i32, i64, String) {
+    let body = json.strip_suffix('}').unwrap_or(json);
+    let ts = delivery.timestamp.to_millis().unwrap_or(-1);
+    let (p, o) = (delivery.partition, delivery.offset);
+    let line = format!(r#"{body},"ts":{ts},"partition":{p},"offset":{o}}}"#);
+    (ts, p, o, line)
+}
+
+/// A progress bar on stderr counting uploads (hidden when `visible` is false); also what
+/// `settle demo` draws.
+pub fn progress_bar(visible: bool, len: u64) -> ProgressBar {
+    if !visible {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template(
+        "{spinner} [{elapsed_precise}] [{bar:40}] {pos}/{len} uploads · {msg}",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.enable_steady_tick(Duration::from_millis(100));
+    bar
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kafka tooling
 
 /// Bound on one admin or metadata request.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -26,9 +608,9 @@ const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Errors: the cluster cannot be reached within 30 s, or refuses a creation for another
 /// reason than "already exists".
 pub async fn create_topics(kafka: &KafkaConfig, topics: &[(&str, i32)]) -> anyhow::Result<()> {
-    let admin: AdminClient<DefaultClientContext> = kafka
+    let admin: AdminClient<LogContext> = kafka
         .client_config(Role::Producer)
-        .create()
+        .create_with_context(LogContext)
         .context("cannot create the Kafka admin client")?;
     let new: Vec<NewTopic<'_>> = topics
         .iter()
@@ -81,9 +663,9 @@ pub async fn produce_all(
     topic: &str,
     records: &[OutRecord],
 ) -> anyhow::Result<Vec<Delivered>> {
-    let producer: FutureProducer = kafka
+    let producer: FutureProducer<LogContext> = kafka
         .client_config(Role::Producer)
-        .create()
+        .create_with_context(LogContext)
         .context("cannot create the Kafka producer")?;
     let mut pending = Vec::with_capacity(records.len());
     for r in records {
@@ -158,20 +740,6 @@ pub async fn read_topic(
         .context("read_topic task")?
 }
 
-/// Context of [`read_topic`]'s consumer: partition EOF is how it knows it is done, not an
-/// error worth logging.
-struct ReaderContext;
-
-impl ClientContext for ReaderContext {
-    fn error(&self, error: KafkaError, reason: &str) {
-        if error.rdkafka_error_code() != Some(RDKafkaErrorCode::PartitionEOF) {
-            tracing::warn!(%error, reason, "kafka reader");
-        }
-    }
-}
-
-impl ConsumerContext for ReaderContext {}
-
 fn read_topic_blocking(
     kafka: &KafkaConfig,
     topic: &str,
@@ -179,9 +747,9 @@ fn read_topic_blocking(
     timeout: Duration,
 ) -> anyhow::Result<Vec<TopicRecord>> {
     // The group id of `kafka` is set but never joined: partitions are assigned, not subscribed.
-    let consumer: BaseConsumer<ReaderContext> = kafka
+    let consumer: BaseConsumer<LogContext> = kafka
         .client_config(Role::Consumer)
-        .create_with_context(ReaderContext)
+        .create_with_context(LogContext)
         .context("cannot create a reader")?;
     let partitions = partition_count(&consumer, topic)?;
     let mut tpl = TopicPartitionList::new();
@@ -226,6 +794,41 @@ fn read_topic_blocking(
     Ok(records)
 }
 
+/// The committed offsets of consumer group `kafka.group-id` for partitions `0..partitions` of
+/// `topic` (`None`: nothing committed).
+///
+/// Errors: the group coordinator cannot be reached within 30 s.
+pub async fn committed_offsets(
+    kafka: &KafkaConfig,
+    topic: &str,
+    partitions: i32,
+) -> anyhow::Result<Vec<Option<i64>>> {
+    let kafka = kafka.clone();
+    let topic = topic.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer<LogContext> = kafka
+            .client_config(Role::Consumer)
+            .create_with_context(LogContext)?;
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..partitions {
+            tpl.add_partition(&topic, p);
+        }
+        let committed = consumer
+            .committed_offsets(tpl, ADMIN_TIMEOUT)
+            .context("OffsetFetch")?;
+        Ok(committed
+            .elements()
+            .iter()
+            .map(|e| match e.offset() {
+                Offset::Offset(o) => Some(o),
+                _ => None,
+            })
+            .collect())
+    })
+    .await
+    .context("committed_offsets task")?
+}
+
 /// Number of partitions of `topic`.
 ///
 /// Errors: metadata cannot be fetched, or the broker reports an error for the topic.
@@ -245,4 +848,73 @@ pub fn partition_count<X: ConsumerContext, C: Consumer<X>>(
         return Err(anyhow!("topic {topic}: {:?}", RDKafkaErrorCode::from(e)));
     }
     Ok(t.partitions().len() as i32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sessions_have_the_demo_shapes() {
+        let shape = Shape::default();
+        let mut rng = StdRng::seed_from_u64(1);
+        let burst = Scenario::Burst.session(&mut rng, "ci", "b1", &shape);
+        assert_eq!(burst.len(), 700);
+        assert!(burst.iter().all(|u| u.at_ms < 1_500 && u.key == "ci/b1"));
+        assert!(burst.windows(2).all(|w| w[0].at_ms <= w[1].at_ms));
+        let split = Scenario::Split.session(&mut rng, "co", "s1", &shape);
+        assert_eq!(
+            split.iter().map(|u| u.at_ms).collect::<Vec<_>>(),
+            vec![0, 300]
+        );
+        assert!(split[1].json.contains(r#""part":{"index":2,"count":2}"#));
+        let trickle = Scenario::Trickle.session(&mut rng, "co", "t1", &shape);
+        assert_eq!(trickle.len(), 5);
+        assert!(trickle
+            .windows(2)
+            .all(|w| (2_000..3_000).contains(&(w[1].at_ms - w[0].at_ms))));
+        let tenants = Scenario::Tenants.session(&mut rng, "t-1", "s", &shape);
+        assert_eq!(tenants.len(), 10);
+        assert!(tenants.iter().all(|u| u.at_ms < 600));
+        // Every upload is a valid record for its key.
+        for u in burst.iter().chain(&split).chain(&trickle).chain(&tenants) {
+            assert!(
+                crate::codec::decode_upload(Some(u.key.as_bytes()), u.json.as_bytes(), 0, 0)
+                    .is_ok(),
+                "{u:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn same_seed_same_schedule() {
+        let shape = Shape::default();
+        let plan = |seed| {
+            let mut rng = StdRng::seed_from_u64(seed);
+            (0..20)
+                .map(|i| Scenario::Mix.session(&mut rng, "t", &format!("s{i}"), &shape))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(plan(3), plan(3));
+        assert_ne!(plan(3), plan(4));
+    }
+
+    #[test]
+    fn mix_splits_uploads_as_documented() {
+        let shape = Shape::default();
+        let mut rng = StdRng::seed_from_u64(9);
+        let mut uploads = [0.0_f64; 4];
+        for _ in 0..20_000 {
+            let s = Scenario::Mix.pick(&mut rng, &shape);
+            let i = SCENARIOS.iter().position(|x| *x == s).unwrap();
+            uploads[i] += s.uploads_per_session(&shape);
+        }
+        let total: f64 = uploads.iter().sum();
+        for (i, share) in MIX_UPLOAD_SHARE.iter().enumerate() {
+            let got = uploads[i] / total;
+            assert!((got - share).abs() < 0.05, "{:?}: {got}", SCENARIOS[i]);
+        }
+        let mean = Scenario::Mix.uploads_per_session(&shape);
+        assert!((total / 20_000.0 - mean).abs() / mean < 0.1, "{mean}");
+    }
 }

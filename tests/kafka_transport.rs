@@ -9,8 +9,8 @@
 use anyhow::{bail, ensure, Context as _, Result};
 use settle::loadgen::{self, OutRecord};
 use settle::transport::kafka::{
-    KafkaConfig, KafkaInput, KafkaSink, KafkaSource, Role, DLQ_REASON_HEADER,
-    DLQ_SOURCE_OFFSET_HEADER, DLQ_SOURCE_PARTITION_HEADER, DLQ_SOURCE_TOPIC_HEADER,
+    KafkaConfig, KafkaInput, KafkaSink, KafkaSource, DLQ_REASON_HEADER, DLQ_SOURCE_OFFSET_HEADER,
+    DLQ_SOURCE_PARTITION_HEADER, DLQ_SOURCE_TOPIC_HEADER,
 };
 use settle::transport::{InputRecord, PartitionInput, ReadyMessage, Sink, Source, SourceEvent};
 use std::collections::BTreeMap;
@@ -208,7 +208,7 @@ async fn kafka_transport_round_trip() -> Result<()> {
     // Dropping the source commits synchronously and leaves the group.
     drop(inputs);
     drop(source);
-    let committed = committed_offsets(&kafka, 3).await?;
+    let committed = loadgen::committed_offsets(&kafka, &kafka.input_topic, 3).await?;
     let want: Vec<i64> = (0..3)
         .map(|p| expected.get(&p).map_or(0, |v| v.len() as i64))
         .collect();
@@ -217,29 +217,6 @@ async fn kafka_transport_round_trip() -> Result<()> {
     ensure!(got == want, "committed {committed:?}, want {want:?}");
     println!("kafka transport round trip passed against {bootstrap}");
     Ok(())
-}
-
-/// The group's committed offsets of partitions `0..n` of the input topic (`None`: none).
-async fn committed_offsets(kafka: &KafkaConfig, n: i32) -> Result<Vec<Option<i64>>> {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    let kafka = kafka.clone();
-    tokio::task::spawn_blocking(move || {
-        let consumer: BaseConsumer = kafka.client_config(Role::Consumer).create()?;
-        let mut tpl = rdkafka::TopicPartitionList::new();
-        for p in 0..n {
-            tpl.add_partition(&kafka.input_topic, p);
-        }
-        let committed = consumer.committed_offsets(tpl, STEP)?;
-        Ok(committed
-            .elements()
-            .iter()
-            .map(|e| match e.offset() {
-                rdkafka::Offset::Offset(o) => Some(o),
-                _ => None,
-            })
-            .collect())
-    })
-    .await?
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

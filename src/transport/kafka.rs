@@ -48,6 +48,19 @@
 //! Record timestamps are the broker's (`LogAppendTime` where the topic uses it, otherwise the
 //! producer's `CreateTime`; tansu 0.6 only has `CreateTime`). A record without a timestamp
 //! gets the wall clock when it is read.
+//!
+//! # Brokers that are not Apache Kafka (tansu 0.6, the test broker)
+//!
+//! * Fetch returns only batches whose base offset is at or after the fetch offset, so a
+//!   fetch from the middle of a batch (resuming at a stored or committed offset) stalls or
+//!   skips to the next batch: [`KafkaInput`] notices and rewinds (see its docs).
+//! * ListOffsets "latest" answers the newest batch's base offset + 1, so the high watermark
+//!   is taken from fetch responses instead (see "Caught up").
+//! * Fetches seem to be held for the whole `fetch.wait.max.ms` even when records arrive:
+//!   records of a live partition reach settle up to that long after they were produced
+//!   (lower it in `[kafka.properties]` for lower latency of `leading`/`complete`/`final`).
+//! * The group coordinator goes through a few extra generations per rebalance; a short
+//!   `session.timeout.ms` (6 s) can evict a member that is joining. The default (45 s) is fine.
 
 use super::{
     Error, InputBatch, InputRecord, PartitionInput, ReadyMessage, Sink, Source, SourceEvent,
@@ -279,7 +292,7 @@ impl KafkaConfig {
         for role in [Role::Consumer, Role::Producer] {
             self.client_config(role)
                 .create_native_config()
-                .map_err(|e| property_error(&self.properties, &e))?;
+                .map_err(|e| property_error(&e))?;
         }
         Ok(())
     }
@@ -327,17 +340,19 @@ fn librdkafka_log_level() -> RDKafkaLogLevel {
     }
 }
 
-/// Names the property a librdkafka configuration error is about, if it names one.
-fn property_error(properties: &BTreeMap<String, String>, e: &KafkaError) -> KafkaConfigError {
-    let text = e.to_string();
-    let key = properties
-        .keys()
-        .find(|k| text.contains(&format!("\"{k}\"")) || text.contains(k.as_str()))
-        .map_or_else(
-            || "kafka.properties".to_owned(),
-            |k| format!("kafka.properties.{k:?}"),
-        );
-    config_error(key, format!("rejected by librdkafka: {text}"))
+/// The config error for a property librdkafka rejected. The value is not repeated (it may
+/// be a secret).
+fn property_error(e: &KafkaError) -> KafkaConfigError {
+    match e {
+        KafkaError::ClientConfig(_, description, key, _) => config_error(
+            format!("kafka.properties.{key:?}"),
+            format!("rejected by librdkafka: {description}"),
+        ),
+        other => config_error(
+            "kafka.properties",
+            format!("rejected by librdkafka: {other}"),
+        ),
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -406,17 +421,20 @@ impl Health {
         }
     }
 
-    /// Records a failure; logs it when it differs from the current trouble.
+    /// Records a failure; logs it when its kind differs from the current trouble's.
     fn failed(&self, e: &KafkaError, detail: &str) {
-        let state = e
-            .rdkafka_error_code()
-            .map_or_else(|| e.to_string(), |c| format!("{c:?}"));
+        let state = trouble_kind(e);
         let mut trouble = lock(&self.trouble);
         if trouble.as_deref() != Some(state.as_str()) {
-            tracing::warn!(client = self.client, error = %e, detail, "kafka {}: degraded, librdkafka keeps retrying", self.client);
+            tracing::warn!(client = self.client, trouble = %state, error = %e, detail, "kafka {}: degraded, librdkafka keeps retrying", self.client);
             *trouble = Some(state);
             self.troubled.store(true, Ordering::Release);
         }
+    }
+
+    /// Whether the current trouble is of `kind` (see [`trouble_kind`]).
+    fn is(&self, kind: &str) -> bool {
+        self.troubled.load(Ordering::Acquire) && lock(&self.trouble).as_deref() == Some(kind)
     }
 
     /// Records a success; logs the recovery when there was trouble.
@@ -431,13 +449,56 @@ impl Health {
     }
 }
 
+/// [`trouble_kind`] of a cluster that cannot be reached.
+const UNREACHABLE: &str = "cluster unreachable";
+
+/// The kind of trouble an error shows, coarse enough that one outage is one kind (a broker
+/// that is down shows as transport failures, "all brokers down" and timeouts in turn).
+fn trouble_kind(e: &KafkaError) -> String {
+    use RDKafkaErrorCode as C;
+    match e.rdkafka_error_code() {
+        Some(
+            C::BrokerTransportFailure
+            | C::AllBrokersDown
+            | C::MessageTimedOut
+            | C::OperationTimedOut
+            | C::RequestTimedOut
+            | C::Resolve
+            | C::NetworkException
+            | C::BrokerNotAvailable
+            | C::LeaderNotAvailable
+            | C::NotLeaderForPartition
+            | C::CoordinatorNotAvailable
+            | C::NotCoordinator
+            | C::CoordinatorLoadInProgress,
+        ) => UNREACHABLE.to_owned(),
+        Some(
+            C::TopicAuthorizationFailed
+            | C::GroupAuthorizationFailed
+            | C::ClusterAuthorizationFailed
+            | C::Authentication
+            | C::SaslAuthenticationFailed
+            | C::IllegalSASLState,
+        ) => "not authorized".to_owned(),
+        Some(C::UnknownTopicOrPartition | C::UnknownTopic | C::UnknownPartition) => {
+            "unknown topic".to_owned()
+        }
+        Some(code) => format!("{code:?}"),
+        None => e.to_string(),
+    }
+}
+
 /// Routes librdkafka's log lines to `tracing` (target `librdkafka`). Connection failures
 /// (facility `FAIL`) go to debug: they repeat per reconnect attempt and [`Health`] already
 /// reports them once per change.
 fn log_line(level: RDKafkaLogLevel, fac: &str, message: &str) {
     use RDKafkaLogLevel as L;
+    // `[kafka.properties]` go to both clients: a consumer property on the producer is fine.
+    let other_role = fac == "CONFWARN"
+        && (message.contains("consumer property and will be ignored by this producer")
+            || message.contains("producer property and will be ignored by this consumer"));
     match level {
-        _ if fac == "FAIL" => tracing::debug!(target: "librdkafka", fac, "{message}"),
+        _ if fac == "FAIL" || other_role => tracing::debug!(target: "librdkafka", fac, "{message}"),
         L::Emerg | L::Alert | L::Critical | L::Error => {
             tracing::error!(target: "librdkafka", fac, "{message}")
         }
@@ -446,6 +507,25 @@ fn log_line(level: RDKafkaLogLevel, fac: &str, message: &str) {
         L::Debug => tracing::debug!(target: "librdkafka", fac, "{message}"),
     }
 }
+
+/// A client context for settle's auxiliary clients (`settle loadgen`, topic readers, admin):
+/// librdkafka's log through `tracing` as above, errors logged at warn except partition EOF.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LogContext;
+
+impl ClientContext for LogContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        log_line(level, fac, log_message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        if error.rdkafka_error_code() != Some(RDKafkaErrorCode::PartitionEOF) {
+            tracing::warn!(error = %error, reason, "kafka client error");
+        }
+    }
+}
+
+impl ConsumerContext for LogContext {}
 
 fn wall_ms() -> i64 {
     SystemTime::now()
@@ -495,6 +575,15 @@ impl GroupContext {
             }
         };
         if offsets.is_empty() {
+            return;
+        }
+        if self.health.is(UNREACHABLE) {
+            // A synchronous commit would wait for librdkafka's socket timeout (60 s).
+            tracing::warn!(
+                member = self.member,
+                ?offsets,
+                "kafka: cluster unreachable, final offsets not committed; the stores keep them"
+            );
             return;
         }
         let mut tpl = TopicPartitionList::with_capacity(offsets.len());
@@ -896,11 +985,11 @@ impl Cursor {
 ///
 /// The input knows the next offset it hands out: the offset sought, else the group's
 /// committed offset, else the first record's. A record below it is dropped (already
-/// applied). When the fetch yields a record *after* it, or nothing for [`FETCH_STALL`]
-/// while the high watermark is beyond it, the fetcher is sent back 64, 128, 256, ... offsets
-/// and the records below the position are dropped again, until the record at the position
-/// arrives. A gap is accepted only once confirmed (records right below the position exist,
-/// or the low watermark was reached). This costs nothing with Apache Kafka, which returns
+/// applied). When the fetch yields a record *after* it, or nothing for 1 s while the high
+/// watermark is beyond it, the fetcher is sent back 64, 128, 256, ... offsets and the
+/// records below the position are dropped again, until the record at the position arrives.
+/// A gap is accepted only once confirmed (records right below the position exist, or the
+/// rewind reached offset 0): records deleted by retention or compaction. This costs nothing with Apache Kafka, which returns
 /// the batch holding any offset; tansu 0.6 returns only batches starting at or after the
 /// fetch offset, so resuming in the middle of a batch otherwise stalls or skips records.
 pub struct KafkaInput {
@@ -1336,4 +1425,139 @@ pub fn run(config: &Config, kafka: &KafkaConfig, tiers: &TiersConfig) -> anyhow:
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(toml_text: &str) -> Result<KafkaConfig, toml::de::Error> {
+        toml::from_str(toml_text)
+    }
+
+    #[test]
+    fn defaults_and_typed_properties() {
+        let c = parse("").unwrap();
+        assert_eq!(c, KafkaConfig::default());
+        assert_eq!(c.bootstrap_servers, "127.0.0.1:9092");
+        assert_eq!(
+            (
+                c.group_id.as_str(),
+                c.input_topic.as_str(),
+                c.dead_letter_topic.as_str()
+            ),
+            ("settle", "settle.uploads", "settle.dead-letter")
+        );
+        let c = parse(
+            r#"
+bootstrap-servers = "k1:9092,k2:9092"
+input-topic = "in"
+[properties]
+"security.protocol" = "SASL_SSL"
+"session.timeout.ms" = 10000
+"enable.ssl.certificate.verification" = false
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.properties["session.timeout.ms"], "10000");
+        assert_eq!(c.properties["enable.ssl.certificate.verification"], "false");
+        assert!(c.validate().is_ok(), "{:?}", c.validate());
+        // Security settings reach both clients.
+        for role in [Role::Consumer, Role::Producer] {
+            assert_eq!(
+                c.client_config(role).get("security.protocol"),
+                Some("SASL_SSL")
+            );
+        }
+        assert!(
+            parse("brokers = \"x\"").is_err(),
+            "unknown keys are rejected"
+        );
+    }
+
+    #[test]
+    fn client_settings_settle_relies_on() {
+        let c = KafkaConfig::default();
+        let consumer = c.client_config(Role::Consumer);
+        assert_eq!(consumer.get("enable.auto.commit"), Some("false"));
+        assert_eq!(
+            consumer.get("partition.assignment.strategy"),
+            Some("cooperative-sticky")
+        );
+        assert_eq!(consumer.get("enable.partition.eof"), Some("true"));
+        assert_eq!(
+            c.client_config(Role::Producer).get("enable.idempotence"),
+            Some("true")
+        );
+    }
+
+    #[test]
+    fn validation_names_the_key_and_hides_the_value() {
+        let with = |k: &str, v: &str| KafkaConfig {
+            properties: [(k.to_owned(), v.to_owned())].into(),
+            ..KafkaConfig::default()
+        };
+        let e = with("enable.auto.commit", "true").validate().unwrap_err();
+        assert_eq!(e.key, r#"kafka.properties."enable.auto.commit""#);
+        assert!(e.message.contains("managed by settle"), "{e}");
+        let e = with("no.such.property", "1").validate().unwrap_err();
+        assert_eq!(e.key, r#"kafka.properties."no.such.property""#);
+        let e = with("session.timeout.ms", "s3cret").validate().unwrap_err();
+        assert_eq!(e.key, r#"kafka.properties."session.timeout.ms""#);
+        assert!(!e.to_string().contains("s3cret"), "{e}");
+        let e = KafkaConfig {
+            input_topic: "bad topic".into(),
+            ..KafkaConfig::default()
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(e.key, "kafka.input-topic");
+        let e = KafkaConfig {
+            dead_letter_topic: "settle.uploads".into(),
+            ..KafkaConfig::default()
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(e.key, "kafka.dead-letter-topic");
+    }
+
+    #[test]
+    fn one_outage_is_one_kind_of_trouble() {
+        let global = |c| KafkaError::Global(c);
+        let down = trouble_kind(&global(RDKafkaErrorCode::BrokerTransportFailure));
+        assert_eq!(
+            trouble_kind(&global(RDKafkaErrorCode::AllBrokersDown)),
+            down
+        );
+        assert_eq!(
+            trouble_kind(&KafkaError::MessageProduction(
+                RDKafkaErrorCode::MessageTimedOut
+            )),
+            down
+        );
+        assert_ne!(
+            trouble_kind(&global(RDKafkaErrorCode::TopicAuthorizationFailed)),
+            down
+        );
+        let h = Health::new("test");
+        h.failed(&global(RDKafkaErrorCode::AllBrokersDown), "");
+        assert!(h.is(UNREACHABLE));
+        h.healthy();
+        assert!(!h.is(UNREACHABLE));
+        assert_eq!(lock(&h.trouble).as_deref(), None);
+    }
+
+    #[test]
+    fn retryable_or_fatal() {
+        let produce = |c| KafkaError::MessageProduction(c);
+        assert!(classify(&produce(RDKafkaErrorCode::MessageTimedOut)).is_retryable());
+        // Missing topics and authorization can be fixed while settle runs: retried.
+        assert!(classify(&produce(RDKafkaErrorCode::UnknownTopicOrPartition)).is_retryable());
+        assert!(classify(&produce(RDKafkaErrorCode::TopicAuthorizationFailed)).is_retryable());
+        assert!(!classify(&produce(RDKafkaErrorCode::MessageSizeTooLarge)).is_retryable());
+        assert!(!classify(&KafkaError::MessageConsumptionFatal(
+            RDKafkaErrorCode::Fatal
+        ))
+        .is_retryable());
+    }
 }
