@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # A local Kafka-compatible broker for tests and demos: tansu (crates.io), in-memory storage.
 #
+#   scripts/kafka.sh up                           install, start, wait, and create settle's default
+#                                                 topics (settle.uploads:8, the tier topics,
+#                                                 settle.tier-events, settle.dead-letter)
 #   scripts/kafka.sh install                      cargo install tansu, unless it is already there
 #   scripts/kafka.sh start                        start a broker in the background (idempotent)
 #   scripts/kafka.sh wait                         wait until the broker answers a Metadata request
@@ -166,7 +169,18 @@ cmd_status() {
     fi
 }
 
+# settle's default topics (config/settle.toml): input with 8 partitions (how far settle can
+# scale out), one partition for each output and the dead letters.
+DEFAULT_TOPICS=(settle.uploads:8 settle.ready.normal:1 settle.ready.limited:1 settle.tier-events:1 settle.dead-letter:1)
+
 case "${1:-}" in
+up)
+    cmd_install
+    cmd_start
+    cmd_wait
+    cmd_create_topics "${DEFAULT_TOPICS[@]}"
+    log "ready: settle run (or settle run --config config/settle.toml) uses these topics"
+    ;;
 install) cmd_install ;;
 start) cmd_start ;;
 wait) cmd_wait ;;
@@ -176,9 +190,9 @@ create-topics)
     ;;
 status) cmd_status ;;
 stop) stop_pid "$PIDFILE" tansu ;;
--h | --help | help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' ;;
+-h | --help | help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' ;;
 *)
-    sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
     ;;
 esac

@@ -19,6 +19,8 @@
 
 use crate::codec::validate_tenant;
 use crate::engine::{Millis, PolicyName, PolicySpec, PolicyTable};
+use crate::tiers::TiersConfig;
+use crate::transport::kafka::KafkaConfig;
 use figment::providers::{Env, Format, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
@@ -31,7 +33,7 @@ use std::time::Duration;
 pub const MAX_DEBOUNCE_DURATION_MS: Millis = 365 * 24 * 60 * 60 * 1000;
 
 /// The whole configuration. Every section is optional in the file (`#[serde(default)]`).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
 pub struct Config {
     /// `[debounce]`: the policy and its per-tenant overrides (SEMANTICS §4).
@@ -40,6 +42,11 @@ pub struct Config {
     pub store: StoreConfig,
     /// `[runtime]`: pacing and shutdown of the partition tasks.
     pub runtime: RuntimeConfig,
+    /// `[kafka]`: the Kafka transport of `settle run` (broker, consumer group, input and
+    /// dead-letter topics, librdkafka properties).
+    pub kafka: KafkaConfig,
+    /// `[tiers]`: output tiers, their topics and the per-tenant demotion rule (SEMANTICS §5).
+    pub tiers: TiersConfig,
 }
 
 /// `[debounce]` (SEMANTICS §4). Keys a policy does not use are accepted and ignored (they
@@ -274,7 +281,15 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.debounce.validate()?;
         self.store.validate()?;
-        self.runtime.validate()
+        self.runtime.validate()?;
+        self.kafka.validate().map_err(|e| ConfigError::Invalid {
+            key: e.key,
+            message: e.message,
+        })?;
+        self.tiers.validate().map_err(|e| ConfigError::Invalid {
+            key: e.key,
+            message: e.message,
+        })
     }
 
     /// The policies in engine form (ms): `[debounce]` as the default and one entry per

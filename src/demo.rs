@@ -191,7 +191,7 @@ pub async fn run_async(args: DemoArgs) -> anyhow::Result<DemoReport> {
     options.data_dir = data_dir.clone();
     options.shutdown_deadline = Duration::from_secs(5);
     let clock = SystemClock;
-    let runtime = Runtime::new(engine, broker.sink(), clock, options);
+    let runtime = Runtime::new(engine, broker.sink(), clock, options)?;
     let status = runtime.status();
     let shutdown = CancellationToken::new();
     let runtime_task = tokio::spawn(runtime.run(broker.source("settle-demo"), shutdown.clone()));

@@ -1,13 +1,17 @@
 //! `settle inspect`: reads partition stores offline (read-only; safe next to a running
 //! processor, which it does not lock) and prints, per partition, the stored next offset,
 //! partition time, sessions, pending rounds, outbox size and the next due times; for one
-//! session, its state (generation, CallTrack, open round) and its next due time.
+//! session, its state (generation, CallTrack, open round) and its next due time. Then the
+//! processor's tier state (SEMANTICS §5) from `<data-dir>/tiers.json`, which the running
+//! processor rewrites on every tier change (`runtime::tier_events`): the rule in force,
+//! emissions routed per tier, the tenants demoted now and the latest tier changes.
 //!
 //! Stores are found under `<data-dir>/<topic>/<partition>` (see `store::partition_path`).
 
 use crate::codec::format_rfc3339_ms;
 use crate::config::Config;
 use crate::engine::{Engine, Millis, SessionKey, SessionState};
+use crate::runtime::{read_snapshot, TierSnapshot, TIERS_FILE};
 use crate::store::{PartitionStore, StoreOptions};
 use anyhow::Context;
 use std::io::Write;
@@ -136,13 +140,16 @@ pub fn partition_info(
     })
 }
 
-/// Prints the stores (and the session, if asked) to `out`. Returns how many stores were read.
+/// Prints the stores (and the session, if asked), then the tier state of `tiers.json` if
+/// there is one, to `out`. Returns how many stores were read.
 ///
-/// Errors: no store matches, a store cannot be read, the session key is not
-/// `tenant/session`, the config cannot be loaded, or writing to `out` fails.
+/// Errors: neither a matching store nor `tiers.json` exists, a store cannot be read, the
+/// session key is not `tenant/session`, the config cannot be loaded, or writing to `out`
+/// fails. An unreadable `tiers.json` is reported in the output, not as an error.
 pub fn run(args: InspectArgs, out: &mut impl Write) -> anyhow::Result<usize> {
     let stores = find_stores(&args)?;
-    if stores.is_empty() {
+    let tiers = read_snapshot(&args.data_dir);
+    if stores.is_empty() && matches!(tiers, Ok(None)) {
         anyhow::bail!(
             "no partition store under {} (expected <data-dir>/<topic>/<partition>)",
             args.data_dir.display()
@@ -178,7 +185,89 @@ pub fn run(args: InspectArgs, out: &mut impl Write) -> anyhow::Result<usize> {
             writeln!(out, "session {key}: no state in any store read")?;
         }
     }
+    match tiers {
+        Ok(Some(snapshot)) => print_tiers(&args.data_dir, &snapshot, out)?,
+        Ok(None) => writeln!(out, "tiers: no {TIERS_FILE} (no runtime ran here yet)")?,
+        Err(e) => writeln!(out, "tiers: {e:#}")?,
+    }
     Ok(stores.len())
+}
+
+/// Most recent tier changes printed (the file keeps more).
+const PRINTED_CHANGES: usize = 10;
+
+fn print_tiers(dir: &Path, s: &TierSnapshot, out: &mut impl Write) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "tiers  ({}, written {})",
+        dir.join(TIERS_FILE).display(),
+        format_rfc3339_ms(s.written_at)
+    )?;
+    let human = |ms: u64| humantime::format_duration(std::time::Duration::from_millis(ms));
+    writeln!(
+        out,
+        "  rule            more than {} emissions per {}: demoted; promoted after {} below {} x {}",
+        s.limit,
+        human(s.period_ms),
+        human(s.cooldown_ms),
+        s.limit,
+        s.recover_ratio
+    )?;
+    let topics: Vec<String> = s
+        .tiers
+        .iter()
+        .map(|t| format!("{} -> {}", t.name, t.topic))
+        .collect();
+    writeln!(
+        out,
+        "  topics          {} · events -> {}",
+        topics.join(" · "),
+        s.events_topic
+    )?;
+    let routed: Vec<String> = s
+        .counters
+        .routed
+        .iter()
+        .map(|(tier, n)| format!("{tier} {n}"))
+        .collect();
+    writeln!(out, "  routed          {}", routed.join(" · "))?;
+    writeln!(
+        out,
+        "  changes         {} demotion(s) · {} recovery(ies) · {} not yet on the events topic",
+        s.counters.demotions, s.counters.recoveries, s.events_unpublished
+    )?;
+    if s.demoted.is_empty() {
+        writeln!(out, "  demoted         -")?;
+    }
+    for (n, d) in s.demoted.iter().enumerate() {
+        let label = if n == 0 { "demoted" } else { "" };
+        writeln!(
+            out,
+            "  {label:<15} {}  {} since {} · rate {}/{} · recovers at {} if quiet",
+            d.tenant,
+            d.tier,
+            format_rfc3339_ms(d.since),
+            d.rate,
+            d.limit,
+            format_rfc3339_ms(d.recovers_at)
+        )?;
+    }
+    let skip = s.recent_changes.len().saturating_sub(PRINTED_CHANGES);
+    for (n, c) in s.recent_changes.iter().skip(skip).enumerate() {
+        let label = if n == 0 { "recent changes" } else { "" };
+        writeln!(
+            out,
+            "  {label:<15} {}  {} {} -> {} · rate {}/{} · {}",
+            format_rfc3339_ms(c.at),
+            c.tenant,
+            c.from,
+            c.to,
+            c.rate,
+            c.limit,
+            c.reason.as_str()
+        )?;
+    }
+    Ok(())
 }
 
 fn time(ms: Option<Millis>) -> String {

@@ -11,6 +11,7 @@ pub mod demo;
 pub mod engine;
 pub mod inspect;
 pub mod loadgen;
+pub mod noisy;
 pub mod report;
 pub mod runtime;
 pub mod simulate;

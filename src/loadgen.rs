@@ -14,6 +14,11 @@
 //! | `trickle` | a slow sender: `trickle-uploads` (5) uploads, 2–3 s apart |
 //! | `tenants` | a small burst of `tenant-uploads` (10) within 600 ms; sessions spread over many tenants |
 //! | `mix` | each session one of the above, weighted so uploads split 40/20/10/30 % |
+//! | `noisy` | the seed's noisy-neighbour experiment ([`crate::noisy`]): 100 `tenants`-shaped sessions of `normal-co` and 1 000 of `noisy-co`, all starting within `--duration`, so both tenants finish at about the same time |
+//!
+//! `noisy` is a fixed plan: `--rate`, `--tenants`, `--sessions` and `--burst-machines` do not
+//! apply; `--duration` is its window (10 s in `benches/tiers.rs`) and `--seed` its seed. Its
+//! sessions are counted under `tenants` in the summary.
 //!
 //! # Rate
 //!
@@ -72,6 +77,9 @@ pub enum Scenario {
     Tenants,
     /// Each session one of the above (uploads split 40/20/10/30 %).
     Mix,
+    /// The noisy-neighbour experiment: 100 sessions of `normal-co` and 1 000 of `noisy-co`
+    /// within `--duration` (SEMANTICS §5, [`crate::noisy`]).
+    Noisy,
 }
 
 /// The four pure scenarios, in the order of the module table.
@@ -142,7 +150,7 @@ impl Scenario {
             Scenario::Burst => f64::from(shape.burst_machines),
             Scenario::Split => 2.0,
             Scenario::Trickle => f64::from(shape.trickle_uploads),
-            Scenario::Tenants => f64::from(shape.tenant_uploads),
+            Scenario::Tenants | Scenario::Noisy => f64::from(shape.tenant_uploads),
             Scenario::Mix => 1.0 / mix_weights(shape).iter().map(|(_, w)| w).sum::<f64>(),
         }
     }
@@ -205,7 +213,7 @@ impl Scenario {
                     })
                     .collect()
             }
-            Scenario::Tenants | Scenario::Mix => (0..shape.tenant_uploads)
+            Scenario::Tenants | Scenario::Mix | Scenario::Noisy => (0..shape.tenant_uploads)
                 .map(|i| {
                     let at = rng.random_range(0..shape.tenant_spread_ms.max(1));
                     upload(at, format!("u{i}"), "")
@@ -462,6 +470,28 @@ pub async fn run_async(args: &LoadgenArgs) -> anyhow::Result<LoadgenReport> {
     let mut seq: u64 = 0;
     let mut last_planned = start;
     let mut due: BinaryHeap<Due> = BinaryHeap::new();
+    if args.scenario == Scenario::Noisy {
+        // A fixed plan rather than sessions started at a rate.
+        let params = crate::noisy::NoisyParams {
+            window_ms: args.duration.as_millis() as u64,
+            seed: args.seed,
+            ..crate::noisy::NoisyParams::default()
+        };
+        report.sessions[3] = u64::from(params.normal_sessions + params.noisy_sessions);
+        for upload in crate::noisy::plan(&params, true) {
+            seq += 1;
+            let at = start + Duration::from_millis(upload.at_ms);
+            last_planned = last_planned.max(at);
+            due.push(Due {
+                at,
+                seq,
+                scenario: 3,
+                upload,
+            });
+        }
+        next_session = stop_at;
+        bar.set_length(due.len() as u64);
+    }
     let mut in_flight = FuturesUnordered::new();
     let mut failure_logged = false;
     loop {

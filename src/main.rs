@@ -27,6 +27,17 @@ enum LogFormat {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// The long-running service: consume uploads from Kafka in a consumer group, debounce per
+    /// session, publish session-ready records to the tier topics. Stops on SIGINT/SIGTERM.
+    Run {
+        /// Config file (TOML, see config/settle.toml); `SETTLE_*` variables override it.
+        /// Without one, the defaults apply (Kafka on 127.0.0.1:9092).
+        #[arg(long, short = 'c', env = "SETTLE_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Produce realistic upload traffic to a Kafka topic (the demo's scenarios) for trying
+    /// settle, tests and benchmarks.
+    Loadgen(settle::loadgen::LoadgenArgs),
     /// Run the real runtime on RocksDB with an in-memory broker through the seed's scenarios
     /// (700-way bursts, split uploads, slow trickles, many tenants); about 20 s.
     Demo {
@@ -136,7 +147,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // The demo draws a progress bar and a table: only warnings would disturb them.
     let default_level = match cli.command {
-        Command::Demo { .. } => "warn",
+        Command::Demo { .. } | Command::Loadgen(_) => "warn",
         _ => "info",
     };
     init_logging(cli.log_format, default_level);
@@ -151,6 +162,28 @@ fn main() -> ExitCode {
 
 fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
+        Command::Run { config } => {
+            let cfg = Config::load(config.as_deref())?;
+            tracing::info!(
+                config = %config.as_deref().map_or("(defaults)".into(), |p| p.display().to_string()),
+                bootstrap = %cfg.kafka.bootstrap_servers,
+                group = %cfg.kafka.group_id,
+                input = %cfg.kafka.input_topic,
+                data_dir = %cfg.store.data_dir.display(),
+                "settle run starting"
+            );
+            settle::transport::kafka::run(&cfg, &cfg.kafka, &cfg.tiers)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Loadgen(args) => {
+            let report = settle::loadgen::run(&args)?;
+            println!("{report}");
+            Ok(if report.failed > 0 {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            })
+        }
         Command::Demo {
             data_dir,
             partitions,
@@ -233,6 +266,23 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                 "debounce: policy {} ({} tenant override(s))",
                 table.default.name.as_str(),
                 table.tenants.len()
+            );
+            let k = &cfg.kafka;
+            println!(
+                "kafka: {} group {} input {} dead-letter {}",
+                k.bootstrap_servers, k.group_id, k.input_topic, k.dead_letter_topic
+            );
+            let tiers: Vec<String> = cfg
+                .tiers
+                .tiers
+                .iter()
+                .map(|t| format!("{} -> {}", t.name, t.topic))
+                .collect();
+            println!(
+                "tiers: {} (limit {} per {})",
+                tiers.join(", "),
+                cfg.tiers.limit,
+                humantime::format_duration(cfg.tiers.period)
             );
             Ok(ExitCode::SUCCESS)
         }

@@ -67,22 +67,35 @@ fn shipped_file_documents_every_key_with_its_env_var() {
     let text = std::fs::read_to_string(shipped()).unwrap();
     let defaults = toml::to_string(&Config::default()).unwrap();
     let mut section = String::new();
+    // Inside an array of tables (`[[tiers.tier]]`): a list, which has no environment form.
+    let mut in_array = false;
     let mut keys = 0;
     for line in defaults.lines() {
         if let Some(s) = line.strip_prefix('[') {
-            section = s.trim_end_matches(']').to_owned();
+            in_array = s.starts_with('[');
+            section = s.trim_matches(|c| c == '[' || c == ']').to_owned();
         } else if let Some((key, _)) = line.split_once(" = ") {
-            let env = settle::config::env_var_for(&format!("{section}.{key}"));
             assert!(
                 text.contains(&format!("\n{key} = ")),
-                "{key} not set in settle.toml"
+                "{section}.{key} not set in settle.toml"
             );
-            assert!(text.contains(&env), "{env} not documented in settle.toml");
+            if in_array {
+                assert!(
+                    text.contains(&format!("\n[[{section}]]\n")),
+                    "[[{section}]] not in settle.toml"
+                );
+            } else {
+                let env = settle::config::env_var_for(&format!("{section}.{key}"));
+                assert!(text.contains(&env), "{env} not documented in settle.toml");
+            }
             keys += 1;
         }
     }
-    assert_eq!(keys, 10);
+    // debounce 5 (max-wait unset), store 1, runtime 4, kafka 4, tiers 5 (demote-to unset),
+    // 2 tiers × 2.
+    assert_eq!(keys, 23);
     assert!(text.contains("SETTLE_DEBOUNCE__MAX_WAIT"));
+    assert!(text.contains("SETTLE_TIERS__DEMOTE_TO"));
 }
 
 #[test]

@@ -10,8 +10,9 @@ use runtime_support::*;
 use settle::engine::{PolicySpec, SessionKey};
 use settle::runtime::{
     partition, Clock, PartitionContext, PartitionExit, PartitionSettings, PartitionState,
-    PublishTarget, StatusBoard,
+    PublishTarget, StatusBoard, TierRouting,
 };
+use settle::tiers::{Router, SharedRouter, TiersConfig};
 use settle::transport::{Source, SourceEvent};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -171,17 +172,18 @@ async fn a_batch_that_fails_to_write_keeps_the_offset_and_stops_the_partition() 
     let mut store = f.store(0);
     store.fail_next_commits(1);
     let status = StatusBoard::new();
+    let router = SharedRouter::new(Router::new(&TiersConfig::default()).unwrap());
+    let (tiers, _changes) = TierRouting::new(router);
     let ctx = PartitionContext {
         engine: f.engine.clone(),
         sink: broker.sink(),
         clock: f.clock,
+        tiers,
         settings: Arc::new(PartitionSettings {
             batch_size: 100,
             idle_tick: Duration::from_millis(100),
             flush_timeout: Duration::from_secs(1),
             publish: PublishTarget {
-                topic: "ready".into(),
-                tier: "normal".into(),
                 window: 16,
                 max_backoff: Duration::from_secs(1),
             },

@@ -8,7 +8,8 @@
 
 use super::types::{Emission, Millis, SessionKey, SessionState, Upload};
 use super::{Applied, Engine, Step};
-use std::collections::{BTreeSet, HashMap};
+use rustc_hash::FxHashMap;
+use std::collections::BTreeSet;
 
 /// Per-key state and timers of one partition, as the driver needs them. Implementations may
 /// buffer changes (the store batches them into one write per input batch).
@@ -21,6 +22,15 @@ pub trait SessionTable {
     fn put(&mut self, key: &SessionKey, state: &SessionState) -> Result<(), Self::Error>;
     /// Forgets `key`.
     fn delete(&mut self, key: &SessionKey) -> Result<(), Self::Error>;
+    /// Runs `f` on the state of `key` in place (`None`: no state) and keeps what `f` leaves
+    /// there (`None` forgets the key). `f` returns its result and whether it changed the
+    /// state; when it says `false` the table may skip the write. This is the driver's path:
+    /// unlike [`SessionTable::get`] + [`SessionTable::put`] it copies no state.
+    fn update<R>(
+        &mut self,
+        key: &SessionKey,
+        f: impl FnOnce(&mut Option<SessionState>) -> (R, bool),
+    ) -> Result<R, Self::Error>;
     /// Adds the timer `(due, key)`.
     fn set_timer(&mut self, due: Millis, key: &SessionKey) -> Result<(), Self::Error>;
     /// Removes the timer `(due, key)`.
@@ -90,22 +100,24 @@ impl Driver {
             let Some((due, key)) = table.first_due(now)? else {
                 break;
             };
-            let mut state = table.get(&key)?;
-            if state.is_none() {
-                // A timer without state cannot be produced by the driver; drop it.
+            let before = out.len();
+            // Fire the key only up to this timer's due time, so keys interleave in due order.
+            let step = table.update(&key, |state| match state {
+                // A timer without state cannot be produced by the driver; drop it below.
+                None => (None, false),
+                Some(_) => (Some(self.engine.on_time(due, &key, state, out)), true),
+            })?;
+            let Some(step) = step else {
                 table.cancel_timer(due, &key)?;
                 continue;
-            }
-            // Fire the key only up to this timer's due time, so keys interleave in due order.
-            let before = out.len();
-            let step = self.engine.on_time(due, &key, &mut state, out);
+            };
             // The stored timer is the one to cancel, even if the policy changed since it was
             // set (e.g. a longer state-ttl after a restart): otherwise it would fire forever.
             let step = Step {
                 due_before: Some(due),
                 ..step
             };
-            self.record(table, &key, &state, step, out.len() - before)?;
+            self.record(table, &key, step, out.len() - before)?;
             fired += 1;
         }
         Ok(fired)
@@ -123,36 +135,36 @@ impl Driver {
     ) -> Result<Applied, T::Error> {
         let now = now.max(upload.event_time);
         self.advance(table, now, out)?;
-        let mut state = table.get(&upload.key)?;
         let before = out.len();
-        let step = self.engine.on_upload(now, &mut state, upload, out);
+        let step = table.update(&upload.key, |state| {
+            let before = out.len();
+            let step = self.engine.on_upload(now, state, upload, out);
+            // A redelivery changes nothing (every due round already fired in `advance`).
+            let changed = step.applied != Applied::Redelivered
+                || out.len() > before
+                || step.due_before != step.due_after;
+            (step, changed)
+        })?;
         match step.applied {
             Applied::OnTime => self.stats.on_time += 1,
             Applied::Late => self.stats.late += 1,
-            Applied::Redelivered => {
-                self.stats.redelivered += 1;
-                return Ok(Applied::Redelivered);
-            }
+            Applied::Redelivered => self.stats.redelivered += 1,
         }
-        self.record(table, &upload.key, &state, step, out.len() - before)?;
+        self.record(table, &upload.key, step, out.len() - before)?;
         Ok(step.applied)
     }
 
+    /// Counts what a step did and moves the key's timer (its state is already written).
     fn record<T: SessionTable>(
         &mut self,
         table: &mut T,
         key: &SessionKey,
-        state: &Option<SessionState>,
         step: Step,
         emitted: usize,
     ) -> Result<(), T::Error> {
         self.stats.emissions += emitted as u64;
-        match state {
-            Some(s) => table.put(key, s)?,
-            None => {
-                self.stats.expired += 1;
-                table.delete(key)?;
-            }
+        if step.due_before.is_some() && step.due_after.is_none() {
+            self.stats.expired += 1;
         }
         if step.due_before != step.due_after {
             if let Some(d) = step.due_before {
@@ -169,7 +181,7 @@ impl Driver {
 /// An in-memory [`SessionTable`]: a hash map of states and an ordered set of timers.
 #[derive(Clone, Debug, Default)]
 pub struct MemTable {
-    sessions: HashMap<SessionKey, SessionState>,
+    sessions: FxHashMap<SessionKey, SessionState>,
     timers: BTreeSet<(Millis, SessionKey)>,
 }
 
@@ -238,6 +250,34 @@ impl SessionTable for MemTable {
     fn delete(&mut self, key: &SessionKey) -> Result<(), Self::Error> {
         self.sessions.remove(key);
         Ok(())
+    }
+
+    fn update<R>(
+        &mut self,
+        key: &SessionKey,
+        f: impl FnOnce(&mut Option<SessionState>) -> (R, bool),
+    ) -> Result<R, Self::Error> {
+        match self.sessions.get_mut(key) {
+            Some(slot) => {
+                let mut state = Some(std::mem::take(slot));
+                let (r, _) = f(&mut state);
+                match state {
+                    Some(s) => *slot = s,
+                    None => {
+                        self.sessions.remove(key);
+                    }
+                }
+                Ok(r)
+            }
+            None => {
+                let mut state = None;
+                let (r, _) = f(&mut state);
+                if let Some(s) = state {
+                    self.sessions.insert(key.clone(), s);
+                }
+                Ok(r)
+            }
+        }
     }
 
     fn set_timer(&mut self, due: Millis, key: &SessionKey) -> Result<(), Self::Error> {

@@ -6,8 +6,18 @@
 //! A partition task owns its RocksDB [`PartitionStore`](crate::store::PartitionStore), its
 //! partition clock, its input handle and its outbox publisher; other tasks never touch them
 //! (STYLE §2). The supervisor holds only each task's cancellation token and join handle.
-//! The only shared mutable thing is the status board (each task writes its own entry, see
-//! [`status`]).
+//! The shared mutable things are the status board (each task writes its own entry, see
+//! [`status`]) and the process's one tier router (see below).
+//!
+//! # Tiers (SEMANTICS §5)
+//!
+//! [`Runtime::new`] builds one [`Router`] from `RuntimeOptions::tiers` and shares it
+//! ([`SharedRouter`], [`Runtime::router`]) with every partition's outbox publisher, so a
+//! tenant's rate is counted over all the partitions this process owns. Each publisher routes
+//! each emission once (tier and topic, see [`publisher`]); the tier-events task
+//! ([`tier_events`]) sweeps the router about once per second, publishes tier changes to
+//! `tiers.events-topic` through the same sink and keeps `<data-dir>/tiers.json` for
+//! `settle inspect`.
 //!
 //! # Clock
 //!
@@ -20,7 +30,9 @@
 //! events and cancels every partition task; each stops fetching, finishes its step, waits
 //! for its outbox to drain (up to three quarters of `shutdown-deadline`), closes its store.
 //! The supervisor waits for them up to `shutdown-deadline` and aborts what is left (the
-//! stores are consistent at every commit, so an abort loses nothing committed).
+//! stores are consistent at every commit, so an abort loses nothing committed). Then the
+//! tier-events task publishes the tier changes still owed within what is left of the
+//! deadline (at most a quarter of it) and writes `tiers.json` a last time.
 //! [`shutdown_on_signals`] cancels the token on the first SIGINT/SIGTERM and exits the
 //! process at once on the second. A revocation stops the revoked partitions the same way
 //! before the source is told they are done.
@@ -31,40 +43,39 @@ pub mod partition;
 pub mod publisher;
 pub mod run_file;
 pub mod status;
+pub mod tier_events;
 
 pub use clock::{Clock, PartitionClock, SystemClock, TokioClock};
 pub use pacer::CatchUpPacer;
 pub use partition::{PartitionContext, PartitionExit, PartitionSettings};
-pub use publisher::PublishTarget;
+pub use publisher::{PublishTarget, TierRouting};
 pub use status::{PartitionState, PartitionStatus, StatusBoard, StatusMap};
+pub use tier_events::{read_snapshot, TierSnapshot, TIERS_FILE};
 
 use crate::config::Config;
 use crate::engine::Engine;
 use crate::store::{self, MemoryBudget, PartitionStore, StoreOptions};
+use crate::tiers::{Router, SharedRouter, TierChange, TiersConfig};
 use crate::transport::{self, Backoff, PartitionInput, Sink, Source, SourceEvent};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-/// Tier of every emission until tiers are wired into the runtime.
-pub const DEFAULT_TIER: &str = "normal";
-
-/// Output topic of tier `normal` until the output config exists (`tiers` default).
-pub const DEFAULT_OUTPUT_TOPIC: &str = "settle.ready.normal";
-
-/// Settings of the runtime (from `[store]`, `[runtime]` and the output topic of the config).
+/// Settings of the runtime (from `[store]`, `[runtime]` and `[tiers]` of the config).
 #[derive(Clone, Debug)]
 pub struct RuntimeOptions {
     /// `store.data-dir`: partition stores live at `<data-dir>/<topic>/<partition>`.
     pub data_dir: PathBuf,
     /// RocksDB sizes and durability; one [`MemoryBudget`] is shared by all partitions.
     pub store: StoreOptions,
-    /// Topic (subject) every emission is published to (tier `normal`).
-    pub output_topic: String,
+    /// `[tiers]`: the tier topics, the events topic and the demotion rule (SEMANTICS §5).
+    /// Each emission goes to its tenant's tier topic.
+    pub tiers: TiersConfig,
     /// `runtime.batch-size`: most records per poll and per store write (≥ 1).
     pub batch_size: usize,
     /// `runtime.idle-tick`: longest poll wait; lateness above which a timer is overdue and
@@ -80,14 +91,14 @@ pub struct RuntimeOptions {
 }
 
 impl RuntimeOptions {
-    /// The `[store]` and `[runtime]` sections of `config`, output topic
-    /// [`DEFAULT_OUTPUT_TOPIC`], publish window 256, default store tuning.
+    /// The `[store]`, `[runtime]` and `[tiers]` sections of `config`, publish window 256,
+    /// default store tuning.
     pub fn from_config(config: &Config) -> Self {
         let r = &config.runtime;
         RuntimeOptions {
             data_dir: config.store.data_dir.clone(),
             store: StoreOptions::default(),
-            output_topic: DEFAULT_OUTPUT_TOPIC.into(),
+            tiers: config.tiers.clone(),
             batch_size: r.batch_size as usize,
             idle_tick: r.idle_tick,
             catch_up_rate: r.catch_up_rate,
@@ -102,8 +113,6 @@ impl RuntimeOptions {
             idle_tick: self.idle_tick.max(Duration::from_millis(1)),
             flush_timeout: self.shutdown_deadline * 3 / 4,
             publish: PublishTarget {
-                topic: self.output_topic.clone(),
-                tier: DEFAULT_TIER.into(),
                 window: self.publish_window.max(1),
                 max_backoff: Duration::from_secs(5),
             },
@@ -138,6 +147,9 @@ pub enum Error {
     /// The source failed with a non-retryable error; every partition was stopped.
     #[error("source failed: {0}")]
     Source(#[from] transport::Error),
+    /// `RuntimeOptions::tiers` is invalid (the message names the `tiers.` key).
+    #[error("{0}")]
+    Tiers(#[from] crate::tiers::ConfigError),
 }
 
 struct Running {
@@ -145,34 +157,49 @@ struct Running {
     join: JoinHandle<PartitionExit>,
 }
 
-/// The runtime of one process: engine, sink, clock and options; [`Runtime::run`] drives a
-/// source until shutdown.
+/// The runtime of one process: engine, sink, clock, options and the tier router;
+/// [`Runtime::run`] drives a source until shutdown.
 pub struct Runtime<K, C> {
     ctx: PartitionContext<K, C>,
     options: RuntimeOptions,
     budget: MemoryBudget,
+    /// Receiving end of the publishers' tier changes, for the tier-events task.
+    tier_changes: mpsc::UnboundedReceiver<TierChange>,
 }
 
 impl<K: Sink, C: Clock> Runtime<K, C> {
-    /// A runtime publishing to `sink`, reading wall-clock time from `clock`.
-    pub fn new(engine: Engine, sink: K, clock: C, options: RuntimeOptions) -> Self {
+    /// A runtime publishing to `sink` (ready records to the tier topics of `options.tiers`,
+    /// tier changes to its events topic), reading wall-clock time from `clock`.
+    ///
+    /// Errors: [`Error::Tiers`] when `options.tiers` fails [`TiersConfig::validate`].
+    pub fn new(engine: Engine, sink: K, clock: C, options: RuntimeOptions) -> Result<Self, Error> {
         let budget = MemoryBudget::new(&options.store);
-        Runtime {
+        let router = SharedRouter::new(Router::new(&options.tiers)?);
+        let (tiers, tier_changes) = TierRouting::new(router);
+        Ok(Runtime {
             ctx: PartitionContext {
                 engine,
                 sink,
                 clock,
+                tiers,
                 settings: Arc::new(options.partition_settings()),
                 status: StatusBoard::new(),
             },
             options,
             budget,
-        }
+            tier_changes,
+        })
     }
 
     /// The status board the partition tasks write (clone it before `run`).
     pub fn status(&self) -> StatusBoard {
         self.ctx.status.clone()
+    }
+
+    /// The process's tier router (clone it before `run`): tiers, rates, demoted tenants and
+    /// counters (SEMANTICS §5).
+    pub fn router(&self) -> SharedRouter {
+        self.ctx.tiers.router.clone()
     }
 
     /// Runs until `shutdown` is cancelled: starts a partition task for each assigned
@@ -182,10 +209,26 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
     ///
     /// Errors: [`Error::Source`] when the source fails with a non-retryable error.
     pub async fn run<S: Source>(
-        self,
+        mut self,
         mut source: S,
         shutdown: CancellationToken,
     ) -> Result<RunSummary, Error> {
+        let tiers_stop = CancellationToken::new();
+        let (_, idle) = mpsc::unbounded_channel();
+        let tiers_task = tokio::spawn(tier_events::run(
+            tier_events::TierEventsSetup {
+                router: self.ctx.tiers.router.clone(),
+                config: self.options.tiers.clone(),
+                data_dir: self.options.data_dir.clone(),
+                // `run` consumes the runtime: the receiver is taken exactly once.
+                changes: std::mem::replace(&mut self.tier_changes, idle),
+                // Partitions flush within 3/4 of the deadline (`PartitionSettings`).
+                flush_timeout: self.options.shutdown_deadline / 4,
+            },
+            self.ctx.sink.clone(),
+            self.ctx.clock.clone(),
+            tiers_stop.clone(),
+        ));
         let mut running: HashMap<i32, Running> = HashMap::new();
         let mut summary = RunSummary::default();
         let mut backoff = Backoff::new(Duration::from_secs(5));
@@ -232,9 +275,18 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
                 Err(e) => break Err(e),
             }
         };
+        let stopping = tokio::time::Instant::now();
         summary
             .partitions
             .extend(self.stop(running.drain().collect()).await);
+        // After the partitions (their last emissions may still have changed a tier), within
+        // what is left of the shutdown deadline.
+        tiers_stop.cancel();
+        let abort = tiers_task.abort_handle();
+        let deadline = stopping + self.options.shutdown_deadline;
+        if tokio::time::timeout_at(deadline, tiers_task).await.is_err() {
+            abort.abort();
+        }
         result.map(|()| summary).map_err(Error::from)
     }
 

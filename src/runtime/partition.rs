@@ -13,7 +13,8 @@
 //!    due before a later upload fires first), advance the partition clock to the event time
 //!    and apply it through `engine::Driver`; when the partition is caught up, move partition
 //!    time to the wall clock and fire what is due. Push the emissions to the outbox, set the
-//!    next offset and the partition time, commit. Then commit the next offset to the source.
+//!    next offset and the partition time, commit. Then commit the next offset to the source
+//!    (at most every [`COMMIT_INTERVAL`] while records flow; at once when caught up).
 //! 4. Hand owed emissions to the publisher; delete acknowledged ones from the outbox.
 //!
 //! # Catch-up pacing
@@ -39,7 +40,7 @@
 
 use super::clock::{Clock, PartitionClock};
 use super::pacer::CatchUpPacer;
-use super::publisher::{self, PublishTarget};
+use super::publisher::{self, PublishTarget, TierRouting};
 use super::status::{PartitionState, PartitionStatus, StatusBoard};
 use crate::codec;
 use crate::engine::{Applied, Driver, Emission, Engine, Millis, SessionTable, Upload};
@@ -51,6 +52,12 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+/// Longest time a durable offset waits before it is committed to the source while records
+/// keep flowing (one commit per batch would cost the broker a request per batch). A caught-up
+/// partition commits at once, and a stopping one before it drains its outbox. The store, not
+/// the group, is where a restarted partition resumes, so a late commit re-reads nothing here.
+pub const COMMIT_INTERVAL: Duration = Duration::from_millis(500);
 
 /// How a partition task ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,7 +82,7 @@ pub struct PartitionSettings {
     pub idle_tick: Duration,
     /// How long a stopping task waits for its outbox to drain.
     pub flush_timeout: Duration,
-    /// Where emissions are published.
+    /// How emissions are published (in-flight window, backoff).
     pub publish: PublishTarget,
     /// `runtime.catch-up-rate`: overdue emissions released per second (0 = unlimited).
     pub catch_up_rate: u32,
@@ -90,6 +97,9 @@ pub struct PartitionContext<K, C> {
     pub sink: K,
     /// The wall clock.
     pub clock: C,
+    /// The process's tier router and its tier-change channel: which topic each emission
+    /// goes to (SEMANTICS §5).
+    pub tiers: TierRouting,
     /// Task settings.
     pub settings: Arc<PartitionSettings>,
     /// Where the task reports its status.
@@ -135,6 +145,7 @@ pub async fn run<I: PartitionInput, K: Sink, C: Clock>(
         ctx.sink.clone(),
         ctx.clock.clone(),
         ctx.settings.publish.clone(),
+        ctx.tiers.clone(),
         entries_rx,
         acks_tx,
     ));
@@ -149,6 +160,8 @@ pub async fn run<I: PartitionInput, K: Sink, C: Clock>(
         in_flight: 0,
         entries: Some(entries_tx),
         acks: acks_rx,
+        uncommitted: None,
+        committed_at: Instant::now(),
         ctx,
         store,
         input,
@@ -190,6 +203,10 @@ struct Task<I, K, C> {
     entries: Option<mpsc::Sender<store::OutboxEntry>>,
     acks: mpsc::UnboundedReceiver<u64>,
     status: PartitionStatus,
+    /// Next offset durable in the store and not yet committed to the source.
+    uncommitted: Option<i64>,
+    /// When the source was last asked to commit.
+    committed_at: Instant,
 }
 
 /// Fatal error text for a store failure.
@@ -249,9 +266,15 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
             let report = self.step().map_err(fatal)?;
             paused = report.paused;
             if let Some(next) = report.next_offset {
-                if let Err(e) = self.input.commit(next).await {
-                    tracing::warn!(partition = self.partition(), error = %e, next_offset = next, "offset commit failed; the store keeps the offset");
-                }
+                self.uncommitted = Some(next);
+            }
+            // Offsets go to the source at most every COMMIT_INTERVAL while records flow, and
+            // at once when the partition is caught up (and at stop, in `finish`).
+            if self.uncommitted.is_some()
+                && ((self.caught_up && self.held.is_empty())
+                    || self.committed_at.elapsed() >= COMMIT_INTERVAL)
+            {
+                self.commit_offset().await;
             }
             self.refresh_status().map_err(fatal)?;
             // Let the publisher and other partitions run between steps of a long catch-up.
@@ -470,8 +493,23 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
         self.ctx.status.set(self.status.clone());
     }
 
-    /// After cancellation: drain the outbox until the flush deadline, close the store.
+    /// Commits the last durable offset to the source, if it has not been committed yet. A
+    /// failed commit is only logged: the store keeps the offset, and the next commit (or the
+    /// store, on the next start here) covers it.
+    async fn commit_offset(&mut self) {
+        let Some(next) = self.uncommitted.take() else {
+            return;
+        };
+        self.committed_at = Instant::now();
+        if let Err(e) = self.input.commit(next).await {
+            tracing::warn!(partition = self.partition(), error = %e, next_offset = next, "offset commit failed; the store keeps the offset");
+        }
+    }
+
+    /// After cancellation: commit the offset, drain the outbox until the flush deadline,
+    /// close the store.
     async fn finish(&mut self) -> PartitionExit {
+        self.commit_offset().await;
         let deadline = Instant::now() + self.ctx.settings.flush_timeout;
         loop {
             if let Err(e) = self.take_acks().and_then(|()| self.feed_publisher()) {

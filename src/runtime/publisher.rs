@@ -4,32 +4,84 @@
 //! task writes the store, so the outbox entry is deleted there, after the ack (ARCHITECTURE:
 //! "outbox, then publish"; SEMANTICS §6 no lost emission).
 //!
-//! The ready record gets `emitted_at` = the wall clock when it is sent and the tier's topic
-//! (until tiers are wired in, every emission goes to tier `normal` on the configured output
-//! topic). A failed publish is retried with backoff, failed entries first and in sequence
-//! order; while any entry waits for a retry no new entry is started, so an unavailable
-//! broker sees one retry round per backoff rather than the whole outbox.
+//! # Tiers (SEMANTICS §5)
+//!
+//! Each emission is routed once, when the publisher takes it from the outbox: the process's
+//! [`SharedRouter`] counts it in its tenant's rate at the wall-clock time and returns the
+//! tier (the record's `tier` field) and its topic. Routing only picks the topic: nothing is
+//! held back or dropped. A retried emission keeps the tier and topic first chosen for it
+//! (a tenant demoted between two attempts does not split one emission over two topics, and
+//! a retry is not counted twice in the rate). A tier change decided by that call is handed
+//! to the runtime's tier-events task ([`TierRouting::changes`]), which publishes it; the
+//! emission does not wait for that. An emission re-published after a restart is routed
+//! again by the new process's router.
+//!
+//! The ready record gets `emitted_at` = the wall clock when it is sent. A failed publish is
+//! retried with backoff, failed entries first and in sequence order; while any entry waits
+//! for a retry no new entry is started, so an unavailable broker sees one retry round per
+//! backoff rather than the whole outbox.
 
 use super::clock::Clock;
 use crate::codec;
+use crate::engine::Millis;
 use crate::store::OutboxEntry;
+use crate::tiers::{SharedRouter, TierChange};
 use crate::transport::{Backoff, ReadyMessage, Sink};
 use futures::stream::{FuturesUnordered, StreamExt};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
-/// Where and how one partition's emissions are published.
+/// How one partition's emissions are published (where: see [`TierRouting`]).
 #[derive(Clone, Debug)]
 pub struct PublishTarget {
-    /// Output topic.
-    pub topic: String,
-    /// Tier name written in each record.
-    pub tier: String,
     /// Most publishes in flight at once (≥ 1).
     pub window: usize,
     /// Longest backoff between retries.
     pub max_backoff: Duration,
+}
+
+/// The process's tier routing, shared by every partition's publisher (SEMANTICS §5).
+/// Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct TierRouting {
+    /// The one router of the process: per-tenant rate over all partitions it owns.
+    pub router: SharedRouter,
+    /// Tier changes decided while routing, for the runtime's tier-events task (which
+    /// publishes them to `tiers.events-topic` and writes `<data-dir>/tiers.json`). A send to
+    /// a closed channel is ignored: routing goes on without it.
+    pub changes: mpsc::UnboundedSender<TierChange>,
+}
+
+impl TierRouting {
+    /// Routing through `router`, and the receiving end of its tier changes.
+    pub fn new(router: SharedRouter) -> (Self, mpsc::UnboundedReceiver<TierChange>) {
+        let (changes, rx) = mpsc::unbounded_channel();
+        (TierRouting { router, changes }, rx)
+    }
+
+    /// Routes one emission of `entry` at wall-clock time `now_ms` (ms) and forwards the tier
+    /// change it caused, if any.
+    fn route(&self, entry: OutboxEntry, now_ms: Millis) -> Routed {
+        let route = self.router.route(entry.emission.key.tenant(), now_ms);
+        let routed = Routed {
+            tier: route.tier.to_owned(),
+            topic: route.topic.to_owned(),
+            entry,
+        };
+        if let Some(change) = route.change {
+            // The tier-events task is gone only while the runtime stops; routing goes on.
+            let _ = self.changes.send(change);
+        }
+        routed
+    }
+}
+
+/// An owed emission with the tier and topic chosen for it on its first attempt.
+struct Routed {
+    entry: OutboxEntry,
+    tier: String,
+    topic: String,
 }
 
 /// Runs until `entries` is closed and everything received is acknowledged (or until the
@@ -39,26 +91,26 @@ pub async fn run<K: Sink, C: Clock>(
     sink: K,
     clock: C,
     target: PublishTarget,
+    tiers: TierRouting,
     mut entries: mpsc::Receiver<OutboxEntry>,
     acks: mpsc::UnboundedSender<u64>,
 ) {
     let sink = &sink;
     let target = &target;
-    let clock = &clock;
-    let publish = |entry: OutboxEntry| async move {
-        let e = &entry.emission;
+    let publish = |routed: Routed, now_ms: Millis| async move {
+        let e = &routed.entry.emission;
         let message = ReadyMessage {
-            topic: target.topic.clone(),
-            tier: target.tier.clone(),
+            topic: routed.topic.clone(),
+            tier: routed.tier.clone(),
             key: e.key.to_string(),
             emission_id: e.emission_id(),
-            payload: codec::encode_ready(e, clock.now_ms(), &target.tier),
+            payload: codec::encode_ready(e, now_ms, &routed.tier),
         };
         let result = sink.publish(message).await;
-        (entry, result)
+        (routed, result)
     };
     let mut in_flight = FuturesUnordered::new();
-    let mut retry: BTreeMap<u64, OutboxEntry> = BTreeMap::new();
+    let mut retry: BTreeMap<u64, Routed> = BTreeMap::new();
     let mut backoff = Backoff::new(target.max_backoff);
     let mut retry_at: Option<tokio::time::Instant> = None;
     let mut open = true;
@@ -69,25 +121,29 @@ pub async fn run<K: Sink, C: Clock>(
         }
         tokio::select! {
             received = entries.recv(), if can_start => match received {
-                Some(entry) => in_flight.push(publish(entry)),
+                Some(entry) => {
+                    let now = clock.now_ms();
+                    in_flight.push(publish(tiers.route(entry, now), now));
+                }
                 None => open = false,
             },
-            Some((entry, result)) = in_flight.next(), if !in_flight.is_empty() => match result {
+            Some((routed, result)) = in_flight.next(), if !in_flight.is_empty() => match result {
                 Ok(()) => {
                     backoff.reset();
-                    if acks.send(entry.seq).is_err() {
+                    if acks.send(routed.entry.seq).is_err() {
                         // The partition task is gone; nothing can be deleted any more.
                         return;
                     }
                 }
                 Err(e) => {
                     tracing::warn!(
-                        emission_id = %entry.emission.emission_id(),
+                        emission_id = %routed.entry.emission.emission_id(),
+                        topic = %routed.topic,
                         error = %e,
                         retryable = e.is_retryable(),
                         "publish failed; will retry"
                     );
-                    retry.insert(entry.seq, entry);
+                    retry.insert(routed.entry.seq, routed);
                     if retry_at.is_none() {
                         retry_at = Some(tokio::time::Instant::now() + backoff.next_delay());
                     }
@@ -95,17 +151,117 @@ pub async fn run<K: Sink, C: Clock>(
             },
             () = sleep_until(retry_at), if retry_at.is_some() && in_flight.is_empty() => {
                 retry_at = None;
-                for (_, entry) in std::mem::take(&mut retry) {
-                    in_flight.push(publish(entry));
+                let now = clock.now_ms();
+                for (_, routed) in std::mem::take(&mut retry) {
+                    in_flight.push(publish(routed, now));
                 }
             },
         }
     }
 }
 
-async fn sleep_until(at: Option<tokio::time::Instant>) {
+/// Sleeps until `at`; pends forever for `None` (a `select!` branch that is off).
+pub(super) async fn sleep_until(at: Option<tokio::time::Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{Emission, PolicyName, SessionKey, Trigger};
+    use crate::runtime::TokioClock;
+    use crate::tiers::{Router, TiersConfig};
+    use crate::transport::memory::MemoryBroker;
+
+    const T0: Millis = 1_767_225_600_000;
+
+    fn entry(seq: u64, tenant: &str, session: &str) -> OutboxEntry {
+        OutboxEntry {
+            seq,
+            emission: Emission {
+                key: SessionKey::new(tenant, session),
+                generation: 1,
+                trigger: Trigger::Trailing,
+                uploads: 1,
+                first_upload_at: T0,
+                last_upload_at: T0,
+                due_at: T0,
+                delay_ms: 0,
+                policy: PolicyName::Fixed,
+                last_event_id: None,
+                attributes: None,
+            },
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retried_emission_keeps_the_topic_first_chosen_and_is_counted_once() {
+        let broker = MemoryBroker::new("uploads", 1);
+        broker.set_sink_available(false);
+        let config = TiersConfig {
+            limit: 2,
+            ..TiersConfig::default()
+        };
+        let router = SharedRouter::new(Router::new(&config).unwrap());
+        let (tiers, _changes) = TierRouting::new(router.clone());
+        let (entries, entries_rx) = mpsc::channel(8);
+        let (acks_tx, mut acks) = mpsc::unbounded_channel();
+        let clock = TokioClock::starting_at(T0);
+        let target = PublishTarget {
+            window: 8,
+            max_backoff: Duration::from_secs(1),
+        };
+        let task = tokio::spawn(run(
+            broker.sink(),
+            clock,
+            target,
+            tiers,
+            entries_rx,
+            acks_tx,
+        ));
+
+        // `a` is routed to `normal` (1st emission of `t`) and fails: the sink is down.
+        entries.send(entry(1, "t", "a")).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        // Meanwhile other partitions' emissions of `t` demote it (the 3rd crosses limit 2).
+        assert_eq!(router.route("t", clock.now_ms()).tier, "normal");
+        let third = router.route("t", clock.now_ms());
+        assert_eq!((third.tier, third.change.is_some()), ("limited", true));
+        // The retry of `a` still goes to `normal`; the next emission goes to `limited`.
+        broker.set_sink_available(true);
+        assert_eq!(acks.recv().await, Some(1));
+        entries.send(entry(2, "t", "b")).await.unwrap();
+        assert_eq!(acks.recv().await, Some(2));
+        drop(entries);
+        task.await.unwrap();
+
+        let out: Vec<(String, String, String)> = broker
+            .output()
+            .into_iter()
+            .map(|m| {
+                let r = codec::decode_ready(&m.payload).unwrap();
+                assert_eq!(r.tier, m.tier, "record field and message agree");
+                (m.key, m.topic, m.tier)
+            })
+            .collect();
+        assert_eq!(
+            out,
+            [
+                ("t/a".into(), "settle.ready.normal".into(), "normal".into()),
+                (
+                    "t/b".into(),
+                    "settle.ready.limited".into(),
+                    "limited".into()
+                ),
+            ]
+        );
+        // `a` was counted once although published twice (one failed attempt).
+        assert_eq!(
+            router.lock().counters().routed,
+            [("normal".to_owned(), 2), ("limited".to_owned(), 2)]
+        );
     }
 }

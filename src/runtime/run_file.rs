@@ -73,7 +73,7 @@ async fn run_async(args: RunFileArgs) -> anyhow::Result<RunFileReport> {
         broker.sink(),
         SystemClock,
         options,
-    );
+    )?;
     let status = runtime.status();
     let shutdown = CancellationToken::new();
     let signals =

@@ -285,6 +285,17 @@ impl SessionTable for Batch<'_> {
         Ok(())
     }
 
+    fn update<R>(
+        &mut self,
+        key: &SessionKey,
+        f: impl FnOnce(&mut Option<SessionState>) -> (R, bool),
+    ) -> Result<R, Error> {
+        let slot = self.slot(key)?;
+        let (r, changed) = f(&mut slot.current);
+        slot.dirty |= changed;
+        Ok(r)
+    }
+
     fn set_timer(&mut self, due: Millis, key: &SessionKey) -> Result<(), Error> {
         let k = keys::timer_key(due, key);
         // The last of set/cancel wins. A set is always written (re-putting a stored timer is

@@ -61,6 +61,13 @@ impl TierChange {
         // serialize to JSON.
         serde_json::to_vec(self).expect("TierChange always serializes to JSON")
     }
+
+    /// A stable id of this change, `tenant/tier-change/<to>/<at ms>`: the Kafka header
+    /// `settle-emission-id` of its tier-events record, so consumers can drop a re-published
+    /// change as they drop a re-published emission.
+    pub fn event_id(&self) -> String {
+        format!("{}/tier-change/{}/{}", self.tenant, self.to, self.at)
+    }
 }
 
 /// One tenant currently demoted automatically (pinned tenants are not listed): a row of
@@ -84,7 +91,7 @@ pub struct DemotedTenant {
 }
 
 /// Counters for metrics (monotone since the router was built, except the two gauges).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TierCounters {
     /// Tier changes with reason `rate_exceeded`.
     pub demotions: u64,
@@ -98,8 +105,8 @@ pub struct TierCounters {
     pub tenants_demoted: usize,
 }
 
-/// serde for `Millis` as an RFC 3339 string with milliseconds.
-mod rfc3339_ms {
+/// serde for `Millis` as an RFC 3339 string with milliseconds (`#[serde(with = ...)]`).
+pub(crate) mod rfc3339_ms {
     use super::{format_rfc3339_ms, parse_rfc3339_ms, Millis};
     use serde::{Deserialize, Deserializer, Serializer};
 

@@ -96,11 +96,21 @@
 //!
 //! # How the runtime uses it
 //!
-//! Per emission, at publish: `let r = router.route(em.key.tenant(), now_ms)`; publish the
-//! ready record (with `tier = r.tier`) to `r.topic`; if `r.change` is `Some`, publish
-//! [`TierChange::to_json`] to [`TierTable::events_topic`] with the tenant as record key.
-//! About every second: `router.sweep(now_ms)` and publish the changes it returns. The router
-//! logs each change (`tracing`, info) and counts it ([`Router::counters`]).
+//! * `runtime::Runtime::new` builds the one router of the process from `[tiers]` and hands
+//!   a [`SharedRouter`] to every partition's outbox publisher (`runtime::publisher`), on
+//!   every transport (memory for `settle demo` / `run-file`, Kafka for `settle run`).
+//! * Per emission, when the publisher takes it from the outbox:
+//!   `let r = router.route(em.key.tenant(), now_ms)` with the wall clock; the ready record
+//!   (with `tier = r.tier`) goes to `r.topic`. A failed publish is retried on the same topic
+//!   with the same tier, and not counted again. `r.change`, if any, goes to the runtime's
+//!   tier-events task through a channel; the emission does not wait for it.
+//! * The tier-events task (`runtime::tier_events`) calls [`SharedRouter::sweep`] about every
+//!   second, publishes every change through the same `Sink` to
+//!   [`TierTable::events_topic`] (record key = tenant, value = [`TierChange::to_json`]), and
+//!   rewrites `<data-dir>/tiers.json` atomically (temporary file + rename) with the demoted
+//!   tenants, the latest changes and the counters; `settle inspect --data-dir` prints it.
+//! * The router logs each change (`tracing`, info) and counts it ([`Router::counters`], for
+//!   the metrics endpoint and `tiers.json`).
 
 mod config;
 mod event;
@@ -110,6 +120,7 @@ pub use config::{
     ConfigError, TierSpec, TiersConfig, MAX_DURATION, MAX_LIMIT, MAX_TIER_NAME_BYTES,
     MAX_TOPIC_BYTES,
 };
+pub(crate) use event::rfc3339_ms;
 pub use event::{ChangeReason, DemotedTenant, TierChange, TierCounters};
 
 use crate::engine::Millis;

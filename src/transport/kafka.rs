@@ -1376,9 +1376,9 @@ impl Sink for KafkaSink {
 
 /// Runs settle on Kafka until `shutdown` is cancelled: the partition runtime
 /// ([`Runtime::run`]) over a [`KafkaSource`] and a [`KafkaSink`], stores under
-/// `config.store.data-dir`, the debounce policies of `config`, emissions to the first tier's
-/// topic of `tiers` (tier routing is not wired into the runtime yet). Must run inside a
-/// tokio runtime.
+/// `config.store.data-dir`, the debounce policies of `config`, each emission to its tenant's
+/// tier topic and tier changes to the events topic of `tiers` (one router for the process,
+/// see `crate::tiers`). Must run inside a tokio runtime.
 ///
 /// Errors: an invalid `[kafka]` section (the message names the key), clients librdkafka
 /// rejects, or a fatal source error. Partitions that failed are in the summary.
@@ -1392,15 +1392,13 @@ pub async fn run_until(
     let sink = KafkaSink::new(kafka)?;
     let source = KafkaSource::new(kafka)?;
     let mut options = RuntimeOptions::from_config(config);
-    if let Some(first) = tiers.tiers.first() {
-        options.output_topic = first.topic.clone();
-    }
+    options.tiers = tiers.clone();
     let runtime = Runtime::new(
         Engine::new(config.policy_table()),
         sink,
         SystemClock,
         options,
-    );
+    )?;
     Ok(runtime.run(source, shutdown).await?)
 }
 

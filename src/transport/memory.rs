@@ -8,10 +8,12 @@
 //! * **Consumer groups**: a committed offset per group and partition
 //!   ([`MemoryBroker::committed`]). A [`MemorySource`] assigns every partition at start;
 //!   tests move partitions with [`MemoryBroker::revoke`] / [`MemoryBroker::assign`].
-//! * **Output**: an append-only log of every acknowledged [`ReadyMessage`] (all topics) and
-//!   of dead letters, optionally mirrored to a JSONL file ([`MemoryBroker::tee_output`]):
+//! * **Output**: an append-only log of every acknowledged [`ReadyMessage`] (all tier topics)
+//!   and of dead letters, optionally mirrored to a JSONL file ([`MemoryBroker::tee_output`]):
 //!   each ready record is written with one `write` call before its publish resolves, so a
-//!   SIGKILLed process leaves every acknowledged record in the file.
+//!   SIGKILLed process leaves every acknowledged record in the file. Tier changes
+//!   (`Sink::publish_tier_change`) go to a log of their own ([`MemoryBroker::tier_events`]),
+//!   never to the output log or the file, so readers of the output see ready records only.
 //! * **Injected failures**: the sink can be made unavailable (every publish fails with a
 //!   retryable error) for a while or until further notice, or made to lose acknowledgements
 //!   (the record is stored but the publish never resolves, as when a broker acks after the
@@ -23,6 +25,7 @@ use super::{
     Error, InputBatch, InputRecord, PartitionInput, ReadyMessage, Sink, Source, SourceEvent,
 };
 use crate::codec;
+use crate::tiers::TierChange;
 use std::collections::HashMap;
 use std::io::{BufRead, Write};
 use std::path::Path;
@@ -79,6 +82,7 @@ struct State {
     committed: HashMap<String, HashMap<i32, i64>>,
     sources: HashMap<String, mpsc::UnboundedSender<SourceEvent<MemoryInput>>>,
     output: Vec<ReadyMessage>,
+    tier_events: Vec<ReadyMessage>,
     dead_letters: Vec<DeadLetter>,
     sink: SinkMode,
     tee: Option<std::fs::File>,
@@ -128,6 +132,7 @@ impl MemoryBroker {
                     committed: HashMap::new(),
                     sources: HashMap::new(),
                     output: Vec::new(),
+                    tier_events: Vec::new(),
                     dead_letters: Vec::new(),
                     sink: SinkMode::Available,
                     tee: None,
@@ -321,6 +326,13 @@ impl MemoryBroker {
         lock(&self.shared.state).output.len()
     }
 
+    /// Every acknowledged tier change (SEMANTICS §5), in acknowledgement order: records built
+    /// by `transport::tier_change_message` (topic `tiers.events-topic`, key = tenant, payload
+    /// = the change's JSON).
+    pub fn tier_events(&self) -> Vec<ReadyMessage> {
+        lock(&self.shared.state).tier_events.clone()
+    }
+
     /// Every dead letter, in order.
     pub fn dead_letters(&self) -> Vec<DeadLetter> {
         lock(&self.shared.state).dead_letters.clone()
@@ -504,6 +516,17 @@ impl Sink for MemorySink {
             }
             st.output.push(message);
         }
+        if !ack {
+            std::future::pending::<()>().await;
+        }
+        Ok(())
+    }
+
+    async fn publish_tier_change(&self, topic: &str, change: &TierChange) -> Result<(), Error> {
+        let ack = self.broker.sink_mode()?;
+        lock(&self.broker.shared.state)
+            .tier_events
+            .push(super::tier_change_message(topic, change));
         if !ack {
             std::future::pending::<()>().await;
         }

@@ -20,7 +20,9 @@
 //!   applied; a broker commit only lets the broker forget.
 //! * A [`Sink`] is cloned into each partition's outbox publisher. `publish` resolves when the
 //!   broker acknowledged the record (Kafka delivery report, JetStream publish ack); only then
-//!   is the outbox entry deleted. `dead_letter` sends a record that could not be decoded.
+//!   is the outbox entry deleted. `dead_letter` sends a record that could not be decoded;
+//!   `publish_tier_change` sends a tier change to the tier-events topic (by default through
+//!   `publish`).
 //!
 //! # Offsets
 //!
@@ -49,6 +51,7 @@
 pub mod kafka;
 pub mod memory;
 
+use crate::tiers::TierChange;
 use std::future::Future;
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -94,6 +97,19 @@ pub struct ReadyMessage {
     pub emission_id: String,
     /// The JSON record (`codec::encode_ready`).
     pub payload: Vec<u8>,
+}
+
+/// The record of one tier change on the tier-events topic `topic` (SEMANTICS §5): key = the
+/// tenant, tier = the tier moved to, emission id = [`TierChange::event_id`], payload =
+/// [`TierChange::to_json`].
+pub fn tier_change_message(topic: &str, change: &TierChange) -> ReadyMessage {
+    ReadyMessage {
+        topic: topic.to_owned(),
+        tier: change.to.clone(),
+        key: change.tenant.clone(),
+        emission_id: change.event_id(),
+        payload: change.to_json(),
+    }
 }
 
 /// An assignment change reported by a [`Source`].
@@ -204,6 +220,22 @@ pub trait Sink: Clone + Send + Sync + 'static {
     /// backoff; the outbox keeps it meanwhile), [`Error::Fatal`] (the publisher logs it
     /// and keeps retrying after a longer backoff: an emission is never dropped, SEMANTICS §6).
     fn publish(&self, message: ReadyMessage) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Publishes one tier change (SEMANTICS §5) to `topic` (`tiers.events-topic`) and
+    /// resolves once acknowledged. The default sends [`tier_change_message`] through
+    /// [`Sink::publish`]: record key = the tenant, value = [`TierChange::to_json`], and (Kafka)
+    /// header `settle-emission-id` = [`TierChange::event_id`]. The memory sink overrides it to
+    /// keep tier events apart from ready records.
+    ///
+    /// Errors: as for `publish` (the caller retries; tier events are soft state, see
+    /// `runtime::tier_events`).
+    fn publish_tier_change(
+        &self,
+        topic: &str,
+        change: &TierChange,
+    ) -> impl Future<Output = Result<(), Error>> + Send {
+        self.publish(tier_change_message(topic, change))
+    }
 
     /// Sends a record that failed decoding to the dead-letter topic with `reason`
     /// (`codec::DecodeError::reason`) and resolves once acknowledged (SEMANTICS §2).

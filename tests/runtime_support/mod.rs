@@ -77,7 +77,7 @@ pub fn start(
     options: RuntimeOptions,
     clock: TokioClock,
 ) -> Running {
-    let runtime = Runtime::new(engine, broker.sink(), clock, options);
+    let runtime = Runtime::new(engine, broker.sink(), clock, options).expect("valid options");
     let status = runtime.status();
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(runtime.run(broker.source(GROUP), shutdown.clone()));

@@ -1,0 +1,289 @@
+//! `settle loadgen` → `settle run` as real processes on a real Kafka broker (issue 4):
+//!
+//! 1. a `settle run` process consumes while a `settle loadgen` process produces live traffic
+//!    (every scenario of the demo, several tenants, one of them leading-trailing);
+//! 2. mid-stream the `settle run` process is killed with SIGKILL and a new one is started on
+//!    the same stores and consumer group;
+//! 3. when the traffic is over and every round is out, the second process gets SIGTERM.
+//!
+//! Checks: the output topic holds exactly the emissions `settle simulate` computes for the
+//! input topic read back with its broker timestamps (replay equals live), each emission id
+//! at most twice (once before the kill, once re-published from the outbox after it); the
+//! SIGTERM exit is clean and within the shutdown deadline, and the group's committed offsets
+//! are then the partitions' ends.
+//!
+//! The delays (4 s and more) are longer than any gap inside a session of the load generator's
+//! scenarios (≤ 3 s), so no upload lands within the pipeline's latency of a deadline: live
+//! and replay must then agree exactly, whatever the scheduling.
+//!
+//! `SETTLE_TEST_KAFKA=host:port` runs it (scripts/test.sh sets it); under CI a missing
+//! broker is a failure.
+
+mod kafka_support;
+
+use anyhow::{ensure, Context as _, Result};
+use kafka_support::{broker, by_id, emitted, now_ms, reference, same_emissions, trace_of};
+use settle::config::Config;
+use settle::engine::Emission;
+use settle::loadgen;
+use settle::transport::kafka::KafkaConfig;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// Input partitions.
+const PARTITIONS: i32 = 3;
+
+/// Bound on any one wait on the broker or a process.
+const STEP: Duration = Duration::from_secs(180);
+
+/// `[runtime] shutdown-deadline` of the settle processes.
+const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(10);
+
+fn config_text(kafka: &KafkaConfig, output: &str, data_dir: &Path) -> String {
+    format!(
+        r#"
+[debounce]
+policy = "fixed"
+delay = "4s"
+[debounce.tenants.tenant-0001]
+policy = "leading-trailing"
+delay = "4s"
+[debounce.tenants.tenant-0002]
+policy = "adaptive"
+min-delay = "4s"
+max-delay = "10s"
+
+[store]
+data-dir = "{dir}"
+
+[runtime]
+shutdown-deadline = "{deadline}s"
+idle-tick = "50ms"
+
+[kafka]
+bootstrap-servers = "{bootstrap}"
+group-id = "{group}"
+input-topic = "{input}"
+dead-letter-topic = "{dlq}"
+[kafka.properties]
+"session.timeout.ms" = 6000
+"heartbeat.interval.ms" = 500
+
+[tiers]
+[[tiers.tier]]
+name = "normal"
+topic = "{output}"
+"#,
+        dir = data_dir.display(),
+        deadline = SHUTDOWN_DEADLINE.as_secs(),
+        bootstrap = kafka.bootstrap_servers,
+        group = kafka.group_id,
+        input = kafka.input_topic,
+        dlq = kafka.dead_letter_topic,
+    )
+}
+
+fn settle() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_settle"));
+    c.env_remove("SETTLE_CONFIG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    c
+}
+
+fn start_run(config: &Path) -> Result<Child> {
+    settle()
+        .args(["run", "--config"])
+        .arg(config)
+        .env("SETTLE_LOG", "warn")
+        .spawn()
+        .context("spawn settle run")
+}
+
+fn wait_exit(child: &mut Child, limit: Duration) -> Result<Option<ExitStatus>> {
+    let t0 = Instant::now();
+    while t0.elapsed() < limit {
+        if let Some(status) = child.try_wait()? {
+            return Ok(Some(status));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(None)
+}
+
+/// Emissions on the output topic so far (no minimum).
+fn emitted_now(
+    rt: &tokio::runtime::Runtime,
+    kafka: &KafkaConfig,
+    output: &str,
+) -> Result<Vec<(Emission, i64)>> {
+    rt.block_on(emitted(kafka, output, "normal", 0, STEP))
+}
+
+#[test]
+fn kafka_loadgen_run_sigkill_restart_sigterm() -> Result<()> {
+    let Some(bootstrap) = broker("kafka_loadgen_run_sigkill_restart_sigterm") else {
+        return Ok(());
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let id = format!("process-{}-{}", std::process::id(), now_ms());
+    let kafka = KafkaConfig {
+        bootstrap_servers: bootstrap.clone(),
+        group_id: format!("{id}-group"),
+        input_topic: format!("{id}-uploads"),
+        dead_letter_topic: format!("{id}-dlq"),
+        ..KafkaConfig::default()
+    };
+    let output = format!("{id}-ready");
+    rt.block_on(loadgen::create_topics(
+        &kafka,
+        &[
+            (&kafka.input_topic, PARTITIONS),
+            (&kafka.dead_letter_topic, 1),
+            (&output, 1),
+        ],
+    ))?;
+    let dir = tempfile::tempdir()?;
+    let config_path: PathBuf = dir.path().join("settle.toml");
+    let text = config_text(&kafka, &output, &dir.path().join("data"));
+    std::fs::write(&config_path, &text)?;
+    let config = Config::load(Some(&config_path)).context("the test's config")?;
+
+    // settle run, then live traffic: ~12 s of the mixed scenarios over 4 tenants.
+    let mut first = start_run(&config_path)?;
+    let mut gen = settle()
+        .args(["loadgen", "--bootstrap-servers", &bootstrap, "--topic"])
+        .arg(&kafka.input_topic)
+        .args([
+            "--scenario",
+            "mix",
+            "--rate",
+            "300",
+            "--duration",
+            "12s",
+            "--tenants",
+            "4",
+            "--burst-machines",
+            "40",
+            "--seed",
+            "5",
+            "--no-progress",
+        ])
+        .spawn()
+        .context("spawn settle loadgen")?;
+
+    // SIGKILL 6 s into the traffic (rounds of 4 s are out by then), while it still flows.
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(6) {
+        ensure!(
+            first.try_wait()?.is_none(),
+            "settle run exited early: {:?}",
+            first.try_wait()?
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    first.kill()?; // SIGKILL
+    first.wait()?;
+    ensure!(
+        gen.try_wait()?.is_none(),
+        "loadgen finished before the kill: make the traffic longer"
+    );
+    let at_kill = emitted_now(&rt, &kafka, &output)?.len();
+    ensure!(at_kill > 0, "nothing was emitted before the kill");
+    println!("killed settle run with SIGKILL after 6 s, {at_kill} emissions out");
+    let mut second = start_run(&config_path)?;
+
+    let status = wait_exit(&mut gen, STEP)?.context("loadgen did not finish")?;
+    ensure!(status.success(), "loadgen failed: {status}");
+
+    // Every round of the input, as `settle simulate` sees it.
+    let input = rt.block_on(loadgen::read_topic(&kafka, &kafka.input_topic, 1, STEP))?;
+    let want = by_id(reference(&config, &trace_of(&input)?)?);
+    ensure!(want.len() > at_kill, "too few rounds: {}", want.len());
+
+    // Wait until every round is out (at most 4 s + catch-up after the last upload).
+    let t1 = Instant::now();
+    let got = loop {
+        let got = emitted_now(&rt, &kafka, &output)?;
+        let mut ids: BTreeMap<String, usize> = BTreeMap::new();
+        for (e, _) in &got {
+            *ids.entry(e.emission_id()).or_default() += 1;
+        }
+        if ids.len() >= want.len() {
+            break got;
+        }
+        ensure!(
+            second.try_wait()?.is_none(),
+            "the second settle run exited: {:?}",
+            second.try_wait()?
+        );
+        ensure!(
+            t1.elapsed() < STEP,
+            "{} of {} rounds out after {STEP:?}",
+            ids.len(),
+            want.len()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    };
+
+    // SIGTERM: a clean exit within the shutdown deadline, offsets committed.
+    let term = Instant::now();
+    let kill = Command::new("kill")
+        .args(["-TERM", &second.id().to_string()])
+        .status()?;
+    ensure!(kill.success(), "kill -TERM failed");
+    let status = wait_exit(&mut second, SHUTDOWN_DEADLINE + Duration::from_secs(5))?;
+    let stopped_in = term.elapsed();
+    let Some(status) = status else {
+        second.kill()?;
+        anyhow::bail!("settle run still running {stopped_in:?} after SIGTERM");
+    };
+    ensure!(
+        status.success(),
+        "settle run exited with {status} on SIGTERM"
+    );
+    let committed = rt.block_on(loadgen::committed_offsets(
+        &kafka,
+        &kafka.input_topic,
+        PARTITIONS,
+    ))?;
+    let mut ends = vec![None; PARTITIONS as usize];
+    for r in &input {
+        let end = &mut ends[r.partition as usize];
+        *end = Some(end.unwrap_or(0).max(r.offset + 1));
+    }
+    ensure!(
+        committed == ends,
+        "committed {committed:?}, partition ends {ends:?}"
+    );
+
+    // Replay equals live; each emission id at most twice, both copies equal.
+    let mut count: BTreeMap<String, usize> = BTreeMap::new();
+    let mut distinct: BTreeMap<String, Emission> = BTreeMap::new();
+    for (e, _) in got {
+        *count.entry(e.emission_id()).or_default() += 1;
+        if let Some(prev) = distinct.insert(e.emission_id(), e.clone()) {
+            ensure!(prev == e, "two different emissions {}", e.emission_id());
+        }
+    }
+    ensure!(
+        count.values().all(|&n| n <= 2),
+        "an emission id was published more than twice: {:?}",
+        count.iter().filter(|(_, &n)| n > 2).collect::<Vec<_>>()
+    );
+    let twice = count.values().filter(|&&n| n == 2).count();
+    same_emissions(&by_id(distinct.into_values().collect()), &want)?;
+    println!(
+        "{} uploads, {} rounds, all emitted across SIGKILL + restart ({twice} published twice); SIGTERM exit in {:.2} s, committed {committed:?}",
+        input.len(),
+        want.len(),
+        stopped_in.as_secs_f64()
+    );
+    Ok(())
+}
