@@ -7,6 +7,7 @@
 
 pub mod codec;
 pub mod config;
+pub mod consume;
 pub mod demo;
 pub mod engine;
 pub mod inspect;

@@ -287,7 +287,10 @@ pub struct LoadgenArgs {
     pub no_progress: bool,
 }
 
-fn parse_property(text: &str) -> Result<(String, String), String> {
+/// Parses a `KEY=VALUE` librdkafka property argument (`-X`).
+///
+/// Errors: no `=`, or an empty key.
+pub fn parse_property(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
         Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.to_owned())),
         _ => Err(format!("expected KEY=VALUE, got {text:?}")),

@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use settle::config::Config;
+use settle::config::{Config, Transport};
 use settle::engine::Engine;
 use std::io::{BufReader, BufWriter, Write};
 use std::path::PathBuf;
@@ -27,17 +27,24 @@ enum LogFormat {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// The long-running service: consume uploads from Kafka in a consumer group, debounce per
-    /// session, publish session-ready records to the tier topics. Stops on SIGINT/SIGTERM.
+    /// The long-running service: consume uploads from Kafka (consumer group) or NATS
+    /// JetStream (durable pull consumers), debounce per session, publish session-ready records
+    /// to the tier topics. Stops on SIGINT/SIGTERM.
     Run {
         /// Config file (TOML, see config/settle.toml); `SETTLE_*` variables override it.
         /// Without one, the defaults apply (Kafka on 127.0.0.1:9092).
         #[arg(long, short = 'c', env = "SETTLE_CONFIG")]
         config: Option<PathBuf>,
+        /// Broker to use, overriding the config's `transport` (`SETTLE_TRANSPORT`).
+        #[arg(long, value_enum)]
+        transport: Option<settle::config::Transport>,
     },
-    /// Produce realistic upload traffic to a Kafka topic (the demo's scenarios) for trying
-    /// settle, tests and benchmarks.
+    /// Produce realistic upload traffic to a Kafka topic, or with --nats to JetStream subjects
+    /// (the demo's scenarios), for trying settle, tests and benchmarks.
     Loadgen(settle::loadgen::LoadgenArgs),
+    /// Print the records of Kafka topics as JSON lines (ready records, tier changes, dead
+    /// letters); no consumer group is joined.
+    Consume(settle::consume::ConsumeArgs),
     /// Run the real runtime on RocksDB with an in-memory broker through the seed's scenarios
     /// (700-way bursts, split uploads, slow trickles, many tenants); about 20 s.
     Demo {
@@ -147,7 +154,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // The demo draws a progress bar and a table: only warnings would disturb them.
     let default_level = match cli.command {
-        Command::Demo { .. } | Command::Loadgen(_) => "warn",
+        Command::Demo { .. } | Command::Loadgen(_) | Command::Consume(_) => "warn",
         _ => "info",
     };
     init_logging(cli.log_format, default_level);
@@ -162,17 +169,46 @@ fn main() -> ExitCode {
 
 fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
-        Command::Run { config } => {
-            let cfg = Config::load(config.as_deref())?;
-            tracing::info!(
-                config = %config.as_deref().map_or("(defaults)".into(), |p| p.display().to_string()),
-                bootstrap = %cfg.kafka.bootstrap_servers,
-                group = %cfg.kafka.group_id,
-                input = %cfg.kafka.input_topic,
-                data_dir = %cfg.store.data_dir.display(),
-                "settle run starting"
-            );
-            settle::transport::kafka::run(&cfg, &cfg.kafka, &cfg.tiers)?;
+        Command::Run { config, transport } => {
+            let mut cfg = Config::load(config.as_deref())?;
+            if let Some(t) = transport {
+                cfg.transport = t;
+                cfg.validate()?;
+            }
+            let shown = config
+                .as_deref()
+                .map_or("(defaults)".into(), |p| p.display().to_string());
+            match cfg.transport {
+                Transport::Kafka => {
+                    tracing::info!(
+                        config = %shown,
+                        bootstrap = %cfg.kafka.bootstrap_servers,
+                        group = %cfg.kafka.group_id,
+                        input = %cfg.kafka.input_topic,
+                        data_dir = %cfg.store.data_dir.display(),
+                        "settle run starting on kafka"
+                    );
+                    settle::transport::kafka::run(&cfg, &cfg.kafka, &cfg.tiers)?;
+                }
+                Transport::Nats => {
+                    tracing::info!(
+                        config = %shown,
+                        servers = %cfg.nats.servers,
+                        stream = %cfg.nats.input_stream,
+                        instance = cfg.nats.instance,
+                        instances = cfg.nats.instances,
+                        partitions = ?cfg.nats.owned_partitions(),
+                        data_dir = %cfg.store.data_dir.display(),
+                        "settle run starting on nats"
+                    );
+                    settle::transport::nats::run(&cfg, &cfg.nats, &cfg.tiers)?;
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Consume(args) => {
+            let report = settle::consume::run(&args, &mut std::io::stdout().lock(), &|| false)?;
+            eprintln!("{} record(s)", report.records);
             Ok(ExitCode::SUCCESS)
         }
         Command::Loadgen(args) => {
@@ -267,10 +303,24 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                 table.default.name.as_str(),
                 table.tenants.len()
             );
+            println!("transport: {} (settle run)", cfg.transport.as_str());
             let k = &cfg.kafka;
             println!(
                 "kafka: {} group {} input {} dead-letter {}",
                 k.bootstrap_servers, k.group_id, k.input_topic, k.dead_letter_topic
+            );
+            let n = &cfg.nats;
+            println!(
+                "nats: {} input {} (subjects {}.0 to .{}) output {} dead-letter {}; instance {} of {} owns partitions {:?}",
+                n.servers,
+                n.input_stream,
+                n.input_subject_prefix,
+                n.partitions.saturating_sub(1),
+                n.output_stream,
+                n.dead_letter_subject,
+                n.instance,
+                n.instances,
+                n.owned_partitions()
             );
             let tiers: Vec<String> = cfg
                 .tiers

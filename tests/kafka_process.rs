@@ -279,6 +279,44 @@ fn kafka_loadgen_run_sigkill_restart_sigterm() -> Result<()> {
     );
     let twice = count.values().filter(|&&n| n == 2).count();
     same_emissions(&by_id(distinct.into_values().collect()), &want)?;
+
+    // `settle consume` prints the same records, one JSON line each.
+    let printed = settle()
+        .args([
+            "consume",
+            "--bootstrap-servers",
+            &bootstrap,
+            "--topic",
+            &output,
+        ])
+        .args(["--from-beginning", "--exit-at-end"])
+        .stdout(Stdio::piped())
+        .output()
+        .context("settle consume")?;
+    ensure!(
+        printed.status.success(),
+        "settle consume: {}",
+        printed.status
+    );
+    let lines: Vec<&[u8]> = printed
+        .stdout
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .collect();
+    ensure!(
+        lines.len() == count.values().sum::<usize>(),
+        "settle consume printed {} records, the topic holds {}",
+        lines.len(),
+        count.values().sum::<usize>()
+    );
+    for l in &lines {
+        let ready = settle::codec::decode_ready(l).context("a line of settle consume")?;
+        ensure!(
+            count.contains_key(&ready.emission_id),
+            "unknown {}",
+            ready.emission_id
+        );
+    }
     println!(
         "{} uploads, {} rounds, all emitted across SIGKILL + restart ({twice} published twice); SIGTERM exit in {:.2} s, committed {committed:?}",
         input.len(),

@@ -21,8 +21,10 @@
 //!     assignment was lost), and only then returns, so librdkafka unassigns them. Nothing of
 //!     a revoked partition is written or committed after the callback returns.
 //! * Offsets are committed only through [`PartitionInput::commit`], which the runtime calls
-//!   for durable batches: asynchronously on the hot path, plus one synchronous commit of the
-//!   latest ones on revoke and when the source is dropped (graceful stop).
+//!   for durable batches: asynchronously on the hot path (at most every
+//!   [`crate::runtime::partition::COMMIT_INTERVAL`] while records flow, at once when caught
+//!   up), plus one synchronous commit of the latest ones on revoke and when the source is
+//!   dropped (graceful stop).
 //!
 //! # Caught up (SEMANTICS §3)
 //!
@@ -1391,6 +1393,18 @@ pub async fn run_until(
     kafka.validate()?;
     let sink = KafkaSink::new(kafka)?;
     let source = KafkaSource::new(kafka)?;
+    let mut wanted = vec![
+        ("kafka.input-topic", kafka.input_topic.clone()),
+        ("kafka.dead-letter-topic", kafka.dead_letter_topic.clone()),
+        ("tiers.events-topic", tiers.events_topic.clone()),
+    ];
+    wanted.extend(
+        tiers
+            .tiers
+            .iter()
+            .map(|t| ("tiers.tier.topic", t.topic.clone())),
+    );
+    warn_missing_topics(kafka, wanted).await;
     let mut options = RuntimeOptions::from_config(config);
     options.tiers = tiers.clone();
     let runtime = Runtime::new(
@@ -1399,7 +1413,97 @@ pub async fn run_until(
         SystemClock,
         options,
     )?;
-    Ok(runtime.run(source, shutdown).await?)
+    let progress = tokio::spawn(log_progress(runtime.status(), PROGRESS_EVERY));
+    let summary = runtime.run(source, shutdown).await;
+    progress.abort();
+    Ok(summary?)
+}
+
+/// How often `settle run` logs its progress line (only when something changed).
+pub const PROGRESS_EVERY: Duration = Duration::from_secs(10);
+
+/// Logs one line every `every` while anything changed: owned partitions (live ones caught
+/// up), and the sums over them of records consumed, dead letters, emissions, emissions
+/// published, pending rounds and owed emissions (counters restart when a partition is
+/// re-assigned).
+async fn log_progress(status: crate::runtime::StatusBoard, every: Duration) {
+    let mut last = None;
+    let mut tick = tokio::time::interval(every);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let snapshot = status.snapshot();
+        let sum = |f: fn(&crate::runtime::PartitionStatus) -> u64| -> u64 {
+            snapshot.values().map(f).sum()
+        };
+        let figures = (
+            snapshot.len(),
+            snapshot.values().filter(|s| s.caught_up).count(),
+            sum(|s| s.records),
+            sum(|s| s.dead_letters),
+            sum(|s| s.emissions),
+            sum(|s| s.published),
+            sum(|s| s.pending_rounds),
+            sum(|s| s.outbox_len),
+        );
+        if last == Some(figures) {
+            continue;
+        }
+        last = Some(figures);
+        let (partitions, live, records, dead, emitted, published, pending, owed) = figures;
+        tracing::info!(
+            partitions,
+            caught_up = live,
+            consumed = records,
+            dead_lettered = dead,
+            emitted,
+            published,
+            pending_rounds = pending,
+            outbox = owed,
+            "progress"
+        );
+    }
+}
+
+/// Warns once at start about each configured topic the cluster does not have (`wanted`:
+/// config key, topic). Nothing fails here: a missing topic is retried with backoff where it
+/// is used (module docs, "Errors"), so creating it later un-blocks settle without a restart.
+/// An unreachable cluster is only logged at debug level (the clients report it).
+async fn warn_missing_topics(kafka: &KafkaConfig, wanted: Vec<(&'static str, String)>) {
+    let config = kafka.client_config(Role::Consumer);
+    let listed = tokio::task::spawn_blocking(move || {
+        let client: BaseConsumer = config.create()?;
+        let metadata = client.fetch_metadata(None, CALL_TIMEOUT)?;
+        Ok::<_, KafkaError>(
+            metadata
+                .topics()
+                .iter()
+                .filter(|t| t.error().is_none())
+                .map(|t| t.name().to_owned())
+                .collect::<std::collections::BTreeSet<String>>(),
+        )
+    })
+    .await;
+    let topics = match listed {
+        Ok(Ok(t)) => t,
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "kafka: cannot list topics at start");
+            return;
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "kafka: topic listing task failed");
+            return;
+        }
+    };
+    for (key, topic) in wanted {
+        if !topics.contains(&topic) {
+            tracing::warn!(
+                topic = %topic,
+                key,
+                "kafka: topic does not exist; what settle reads or writes there waits (retried with backoff) until it is created (scripts/kafka.sh up creates the default topics)"
+            );
+        }
+    }
 }
 
 /// `settle run` on Kafka: builds a tokio runtime, runs [`run_until`] until SIGINT/SIGTERM

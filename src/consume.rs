@@ -1,0 +1,164 @@
+//! `settle consume`: print the records of Kafka topics as JSON lines — the session-ready
+//! records settle writes (SEMANTICS §2 output record), tier changes, dead letters — for people
+//! trying settle and for scripts. It is a plain reader: no consumer group is joined and
+//! nothing is committed. (Debian's `kcat` cannot talk to every Kafka-compatible broker; this
+//! uses the same librdkafka as settle.)
+//!
+//! Each line is the record value when it is JSON, else `{"value": "<text>"}`; with
+//! `--with-meta` it is wrapped as
+//! `{"topic", "partition", "offset", "timestamp", "key", "headers": {..}, "value"}`.
+
+use crate::loadgen::partition_count;
+use crate::transport::kafka::{KafkaConfig, LogContext, Role};
+use anyhow::{anyhow, Context as _};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{BorrowedMessage, Headers as _, Message as _};
+use rdkafka::{Offset, TopicPartitionList};
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+/// `settle consume`: its command-line arguments (clap).
+#[derive(Clone, Debug, clap::Args)]
+pub struct ConsumeArgs {
+    /// Topics to read (repeatable), e.g. settle.ready.normal.
+    #[arg(long = "topic", short = 't', required = true, value_name = "TOPIC")]
+    pub topics: Vec<String>,
+    /// Kafka bootstrap servers (host:port, comma-separated).
+    #[arg(long, default_value = "127.0.0.1:9092", env = "SETTLE_KAFKA_BOOTSTRAP")]
+    pub bootstrap_servers: String,
+    /// librdkafka property, KEY=VALUE (repeatable; SASL, TLS, ...).
+    #[arg(short = 'X', long = "property", value_name = "KEY=VALUE", value_parser = crate::loadgen::parse_property)]
+    pub properties: Vec<(String, String)>,
+    /// Start at the beginning of each partition (default: only records arriving from now on).
+    #[arg(long)]
+    pub from_beginning: bool,
+    /// Stop after this many records.
+    #[arg(long, value_name = "N")]
+    pub max_records: Option<u64>,
+    /// Stop once every partition is at its end (instead of waiting for more).
+    #[arg(long)]
+    pub exit_at_end: bool,
+    /// Wrap each record with its topic, partition, offset, timestamp, key and headers.
+    #[arg(long)]
+    pub with_meta: bool,
+}
+
+/// What a `settle consume` run read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConsumeReport {
+    /// Records printed.
+    pub records: u64,
+}
+
+/// Runs `settle consume`, writing one JSON line per record to `out`, until `--max-records`,
+/// `--exit-at-end`, or `stop()` returns true (checked at least every 100 ms; the CLI stops
+/// on Ctrl-C, which ends the process).
+///
+/// Errors: a topic is missing or the cluster cannot be reached (metadata within 10 s), a
+/// consumer error other than partition EOF, or `out` fails.
+pub fn run(
+    args: &ConsumeArgs,
+    out: &mut dyn Write,
+    stop: &dyn Fn() -> bool,
+) -> anyhow::Result<ConsumeReport> {
+    let kafka = KafkaConfig {
+        bootstrap_servers: args.bootstrap_servers.clone(),
+        properties: args.properties.iter().cloned().collect(),
+        ..KafkaConfig::default()
+    };
+    // The group id is set but never joined: partitions are assigned, not subscribed.
+    let consumer: BaseConsumer<LogContext> = kafka
+        .client_config(Role::Consumer)
+        .create_with_context(LogContext)
+        .context("cannot create a Kafka reader")?;
+    let start = if args.from_beginning {
+        Offset::Beginning
+    } else {
+        Offset::End
+    };
+    let mut tpl = TopicPartitionList::new();
+    let mut partitions = 0usize;
+    for topic in &args.topics {
+        let n = partition_count(&consumer, topic)?;
+        for p in 0..n {
+            tpl.add_partition_offset(topic, p, start)?;
+        }
+        partitions += n as usize;
+    }
+    consumer.assign(&tpl)?;
+    let mut report = ConsumeReport::default();
+    let mut at_end: BTreeSet<(String, i32)> = BTreeSet::new();
+    let started = Instant::now();
+    loop {
+        if stop() || args.max_records.is_some_and(|m| report.records >= m) {
+            break;
+        }
+        if args.exit_at_end && at_end.len() == partitions {
+            break;
+        }
+        match consumer.poll(Duration::from_millis(100)) {
+            None => {
+                // Safety net for brokers that never report EOF on an empty partition:
+                // `--exit-at-end` with nothing read ends after 5 quiet seconds.
+                if args.exit_at_end && report.records == 0 && started.elapsed().as_secs() >= 5 {
+                    break;
+                }
+            }
+            Some(Ok(m)) => {
+                at_end.remove(&(m.topic().to_owned(), m.partition()));
+                match writeln!(out, "{}", line(&m, args.with_meta)) {
+                    Ok(()) => report.records += 1,
+                    // The reader went away (`| head`): done, not an error.
+                    Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(report),
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                // librdkafka's EOF error names no topic; with one topic that is exact, with
+                // several a partition number counts for all of them.
+                for t in &args.topics {
+                    at_end.insert((t.clone(), p));
+                }
+            }
+            Some(Err(e)) => return Err(anyhow!("reading {:?}: {e}", args.topics)),
+        }
+    }
+    match out.flush() {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(report),
+    }
+}
+
+/// One output line for `m` (module docs).
+fn line(m: &BorrowedMessage<'_>, with_meta: bool) -> String {
+    let value = m.payload().map(|p| {
+        serde_json::from_slice::<serde_json::Value>(p)
+            .unwrap_or_else(|_| serde_json::json!({ "value": String::from_utf8_lossy(p) }))
+    });
+    if !with_meta {
+        return value.unwrap_or(serde_json::Value::Null).to_string();
+    }
+    let headers: serde_json::Map<String, serde_json::Value> = m
+        .headers()
+        .map(|h| {
+            h.iter()
+                .map(|h| {
+                    let v = h.value.map(|v| String::from_utf8_lossy(v).into_owned());
+                    (h.key.to_owned(), v.into())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    serde_json::json!({
+        "topic": m.topic(),
+        "partition": m.partition(),
+        "offset": m.offset(),
+        "timestamp": m.timestamp().to_millis(),
+        "key": m.key().map(|k| String::from_utf8_lossy(k).into_owned()),
+        "headers": headers,
+        "value": value,
+    })
+    .to_string()
+}
