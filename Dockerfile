@@ -39,8 +39,9 @@ COPY config/ /etc/settle/
 USER settle
 WORKDIR /var/lib/settle
 VOLUME ["/var/lib/settle"]
-# Admin HTTP server (/metrics, /healthz, /readyz); keep in step with config/settle.toml.
-EXPOSE 8080
+# Admin HTTP server (/metrics, /healthz, /readyz, /v1/...): `[admin] listen`, loopback by
+# default; set SETTLE_ADMIN__LISTEN=0.0.0.0:9464 to reach it from outside the container.
+EXPOSE 9464
 # tini forwards SIGTERM so settle's graceful shutdown (flush outbox, commit, close RocksDB) runs.
 ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/settle"]
 CMD ["run", "--config", "/etc/settle/settle.toml"]

@@ -11,7 +11,8 @@
 //! `SETTLE_DEBOUNCE__TENANTS__ACME__DELAY=1s` sets `debounce.tenants.acme.delay` (tenant names
 //! read from the environment are lower-cased and `_` becomes `-`; name other tenants in the
 //! file). Only variables with a `__` are config keys (every key lives in a section), so
-//! `SETTLE_CONFIG`, `SETTLE_LOG` and the like stay free for the CLI.
+//! `SETTLE_CONFIG`, `SETTLE_LOG` and the like stay free for the CLI; the one top-level key,
+//! `transport`, is the exception: `SETTLE_TRANSPORT=nats`.
 //!
 //! Adding a section: a field on [`Config`] whose type is `Default`, `Deserialize` and
 //! `Serialize` with `#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]`, plus
@@ -21,6 +22,7 @@ use crate::codec::validate_tenant;
 use crate::engine::{Millis, PolicyName, PolicySpec, PolicyTable};
 use crate::tiers::TiersConfig;
 use crate::transport::kafka::KafkaConfig;
+use crate::transport::nats::NatsConfig;
 use figment::providers::{Env, Format, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
@@ -36,17 +38,48 @@ pub const MAX_DEBOUNCE_DURATION_MS: Millis = 365 * 24 * 60 * 60 * 1000;
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
 pub struct Config {
+    /// `transport`: the broker `settle run` uses, `kafka` (default, `[kafka]`) or `nats`
+    /// (`[nats]`). The only top-level key (it must come before the sections in TOML).
+    pub transport: Transport,
     /// `[debounce]`: the policy and its per-tenant overrides (SEMANTICS §4).
     pub debounce: DebounceConfig,
     /// `[store]`: where the partition stores live.
     pub store: StoreConfig,
     /// `[runtime]`: pacing and shutdown of the partition tasks.
     pub runtime: RuntimeConfig,
+    /// `[admin]`: the admin HTTP server of `settle run` (`/metrics`, `/healthz`, `/readyz`,
+    /// `/v1/...`).
+    pub admin: crate::admin::AdminConfig,
     /// `[kafka]`: the Kafka transport of `settle run` (broker, consumer group, input and
     /// dead-letter topics, librdkafka properties).
     pub kafka: KafkaConfig,
+    /// `[nats]`: the NATS JetStream transport of `settle run` (servers, auth and TLS,
+    /// streams, subjects, partitions and this instance's share of them).
+    pub nats: NatsConfig,
     /// `[tiers]`: output tiers, their topics and the per-tenant demotion rule (SEMANTICS §5).
     pub tiers: TiersConfig,
+}
+
+/// `transport`: which broker `settle run` reads uploads from and publishes to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Transport {
+    /// Kafka: a consumer group on `kafka.input-topic` (`crate::transport::kafka`).
+    #[default]
+    Kafka,
+    /// NATS JetStream: durable pull consumers on `nats.input-stream`, static partition
+    /// assignment (`crate::transport::nats`).
+    Nats,
+}
+
+impl Transport {
+    /// `kafka` or `nats`, as written in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Transport::Kafka => "kafka",
+            Transport::Nats => "nats",
+        }
+    }
 }
 
 /// `[debounce]` (SEMANTICS §4). Keys a policy does not use are accepted and ignored (they
@@ -286,6 +319,14 @@ impl Config {
             key: e.key,
             message: e.message,
         })?;
+        let nats = self.nats.validate().and_then(|()| match self.transport {
+            Transport::Nats => self.nats.check_output_subjects(&self.tiers),
+            Transport::Kafka => Ok(()),
+        });
+        nats.map_err(|e| ConfigError::Invalid {
+            key: e.key,
+            message: e.message,
+        })?;
         self.tiers.validate().map_err(|e| ConfigError::Invalid {
             key: e.key,
             message: e.message,
@@ -450,10 +491,10 @@ fn check_spec(section: &str, spec: &PolicySpec, note: &str) -> Result<(), Config
     })
 }
 
-/// `SETTLE_A__B_C=v` → key `a.b-c`; only variables with a `__`.
+/// `SETTLE_A__B_C=v` → key `a.b-c`; only variables with a `__`, and `SETTLE_TRANSPORT`.
 fn env_provider() -> Env {
     Env::prefixed("SETTLE_")
-        .filter(|k| k.as_str().contains("__"))
+        .filter(|k| k.as_str().contains("__") || k.as_str().eq_ignore_ascii_case("transport"))
         .map(|k| k.as_str().replace("__", ".").replace('_', "-").into())
 }
 
@@ -484,6 +525,10 @@ fn allowed(last: &str) -> Option<&'static str> {
         "catch-up-rate" => "expected an integer 1 to 1000000 (emissions/s)",
         "batch-size" => "expected an integer 1 to 100000 (uploads)",
         "data-dir" => "expected a directory path (string)",
+        "transport" => "expected one of kafka, nats",
+        "listen" => "expected an IP address and port such as \"127.0.0.1:9464\"",
+        "enabled" => "expected true or false",
+        "storage" => "expected one of file, memory",
         _ => return None,
     })
 }

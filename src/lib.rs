@@ -5,6 +5,7 @@
 //! "session ready" record per round (the contract is `SEMANTICS.md`, sections cited as §N).
 //! See `ARCHITECTURE.md` for the module map.
 
+pub mod admin;
 pub mod codec;
 pub mod config;
 pub mod consume;
@@ -12,6 +13,7 @@ pub mod demo;
 pub mod engine;
 pub mod inspect;
 pub mod loadgen;
+pub mod metrics;
 pub mod noisy;
 pub mod report;
 pub mod runtime;

@@ -1,5 +1,6 @@
-//! `settle loadgen`: realistic upload traffic into the Kafka input topic, and the Kafka
-//! tooling around it (create topics, produce and read records back).
+//! `settle loadgen`: realistic upload traffic into the Kafka input topic (or, with `--nats`,
+//! the NATS JetStream input subjects), and the Kafka tooling around it (create topics,
+//! produce and read records back).
 //!
 //! # Scenarios
 //!
@@ -33,6 +34,16 @@
 //! clock (or the broker's, for `LogAppendTime` topics), through an idempotent producer; up
 //! to [`MAX_IN_FLIGHT`] deliveries are awaited concurrently.
 //!
+//! # NATS
+//!
+//! `--nats URL` publishes to JetStream instead: each upload goes to
+//! `<--topic>.<partition>` (`settle.uploads.3`) with the partition computed from the session
+//! key by [`crate::transport::nats::partition_for_key`] over `--nats-partitions` (settle's
+//! `nats.partitions`), header `settle-key` = the key, and is counted once its publish ack came.
+//! The input stream `--nats-stream` is created with settle's defaults if missing
+//! (`--create-topic` does not apply). The trace's `"offset"` is the stream sequence and its
+//! `"ts"` the JetStream timestamp, read back from the stream at the end.
+//!
 //! # Trace
 //!
 //! `--trace-out FILE` writes one line per delivered upload: the upload record plus `"ts"`
@@ -42,7 +53,9 @@
 //! compared with what settle emitted.
 
 use crate::transport::kafka::{KafkaConfig, LogContext, Role};
+use crate::transport::nats::{self, NatsConfig};
 use anyhow::{anyhow, Context as _};
+use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rand::rngs::StdRng;
@@ -285,6 +298,36 @@ pub struct LoadgenArgs {
     /// No progress bar.
     #[arg(long)]
     pub no_progress: bool,
+    /// NATS mode (module docs): `--nats URL`, `--nats-partitions`, `--nats-stream`.
+    #[command(flatten)]
+    pub nats: NatsTarget,
+}
+
+/// `settle loadgen --nats`: where uploads go on NATS JetStream (`--topic` is the subject
+/// prefix). `Default` is "not NATS" with the same defaults as the flags.
+#[derive(Clone, Debug, PartialEq, Eq, clap::Args)]
+pub struct NatsTarget {
+    /// Publish to NATS JetStream at this server URL (e.g. nats://127.0.0.1:4222) instead of
+    /// Kafka; uploads go to `<--topic>.<partition>`.
+    #[arg(long = "nats", value_name = "URL")]
+    pub url: Option<String>,
+    /// NATS: input partitions (settle's `nats.partitions`); the partition of an upload is
+    /// FNV-1a-32(session key) mod this.
+    #[arg(long = "nats-partitions", default_value_t = 8)]
+    pub partitions: u32,
+    /// NATS: input stream (settle's `nats.input-stream`), created if missing.
+    #[arg(long = "nats-stream", default_value = "SETTLE_UPLOADS")]
+    pub stream: String,
+}
+
+impl Default for NatsTarget {
+    fn default() -> Self {
+        NatsTarget {
+            url: None,
+            partitions: 8,
+            stream: "SETTLE_UPLOADS".to_owned(),
+        }
+    }
 }
 
 /// Parses a `KEY=VALUE` librdkafka property argument (`-X`).
@@ -308,11 +351,137 @@ impl LoadgenArgs {
         }
     }
 
+    /// The NATS settings these arguments describe (the producer side of `[nats]`), if
+    /// `--nats` is given.
+    pub fn nats_config(&self) -> Option<NatsConfig> {
+        Some(NatsConfig {
+            servers: self.nats.url.clone()?,
+            input_stream: self.nats.stream.clone(),
+            input_subject_prefix: self.topic.clone(),
+            partitions: self.nats.partitions,
+            ..NatsConfig::default()
+        })
+    }
+
     fn shape(&self) -> Shape {
         Shape {
             burst_machines: self.burst_machines.max(1),
             ..Shape::default()
         }
+    }
+}
+
+/// Where one upload went: (record timestamp in ms, -1 until known; partition; offset).
+type Sent = (i64, i32, i64);
+
+/// The acknowledgement of one upload: where it went, or why it failed.
+type SendFuture = BoxFuture<'static, Result<Sent, String>>;
+
+/// The client `settle loadgen` sends through.
+enum Producer {
+    Kafka {
+        producer: FutureProducer<LogContext>,
+        topic: String,
+    },
+    Nats {
+        js: async_nats::jetstream::Context,
+        config: Box<NatsConfig>,
+    },
+}
+
+impl Producer {
+    /// Creates the client of `args` (and the topic or stream, see the module docs).
+    async fn new(args: &LoadgenArgs) -> anyhow::Result<Producer> {
+        if let Some(config) = args.nats_config() {
+            config.validate()?;
+            let client = nats::connect(&config).await?;
+            let js = nats::jetstream(client, MAX_IN_FLIGHT);
+            nats::ensure_input_stream(&js, &config).await?;
+            return Ok(Producer::Nats {
+                js,
+                config: Box::new(config),
+            });
+        }
+        let kafka = args.kafka();
+        if let Some(partitions) = args.create_topic {
+            create_topics(&kafka, &[(&kafka.input_topic, partitions.max(1))]).await?;
+        }
+        let producer = kafka
+            .client_config(Role::Producer)
+            .create_with_context(LogContext)
+            .context("cannot create the Kafka producer (check the -X properties)")?;
+        Ok(Producer::Kafka {
+            producer,
+            topic: kafka.input_topic,
+        })
+    }
+
+    /// Hands `upload` to the client, in call order. `Ok(None)`: the local queue is full,
+    /// try again after some acknowledgements. Errors: the client refused it.
+    async fn send(&self, upload: &PlannedUpload) -> Result<Option<SendFuture>, String> {
+        match self {
+            Producer::Kafka { producer, topic } => {
+                let record = FutureRecord::to(topic)
+                    .key(upload.key.as_bytes())
+                    .payload(upload.json.as_bytes());
+                match producer.send_result(record) {
+                    Ok(delivery) => Ok(Some(Box::pin(async move {
+                        match delivery.await {
+                            Ok(Ok(d)) => {
+                                Ok((d.timestamp.to_millis().unwrap_or(-1), d.partition, d.offset))
+                            }
+                            Ok(Err((e, _))) => Err(e.to_string()),
+                            Err(_) => Err("producer dropped the delivery report".to_owned()),
+                        }
+                    }))),
+                    Err((e, _)) => {
+                        tracing::debug!(error = %e, "producer queue full");
+                        Ok(None)
+                    }
+                }
+            }
+            Producer::Nats { js, config } => {
+                let (partition, ack) = nats::publish_upload(
+                    js,
+                    &config.input_subject_prefix,
+                    config.partitions,
+                    &upload.key,
+                    upload.json.as_bytes(),
+                    None,
+                )
+                .await
+                .map_err(|e| format!("{e:#}"))?;
+                Ok(Some(Box::pin(async move {
+                    ack.await
+                        .map(|a| (-1, partition, a.sequence as i64))
+                        .map_err(|e| e.to_string())
+                })))
+            }
+        }
+    }
+
+    /// Fills in the timestamps the acknowledgements did not give (NATS: read back from the
+    /// stream by sequence).
+    async fn stamp(&self, trace: &mut [(i64, i32, i64, String)]) -> anyhow::Result<()> {
+        let Producer::Nats { js, config } = self else {
+            return Ok(());
+        };
+        let stored = nats::read_stream(
+            js,
+            &config.input_stream,
+            &config.input_pattern(),
+            0,
+            Duration::from_secs(120),
+        )
+        .await?;
+        let ts: std::collections::HashMap<u64, i64> = stored
+            .iter()
+            .map(|r| (r.sequence, r.timestamp_ms))
+            .collect();
+        for entry in trace.iter_mut() {
+            entry.0 = ts.get(&(entry.2 as u64)).copied().unwrap_or(-1);
+        }
+        Ok(())
     }
 }
 
@@ -440,14 +609,7 @@ pub async fn run_async(args: &LoadgenArgs) -> anyhow::Result<LoadgenReport> {
         args.rate.is_finite() && args.rate > 0.0,
         "--rate must be a positive number of uploads per second"
     );
-    let kafka = args.kafka();
-    if let Some(partitions) = args.create_topic {
-        create_topics(&kafka, &[(&kafka.input_topic, partitions.max(1))]).await?;
-    }
-    let producer: FutureProducer<LogContext> = kafka
-        .client_config(Role::Producer)
-        .create_with_context(LogContext)
-        .context("cannot create the Kafka producer (check the -X properties)")?;
+    let producer = Producer::new(args).await?;
     let trace_file = match &args.trace_out {
         Some(path) => Some(
             std::fs::File::create(path)
@@ -495,7 +657,8 @@ pub async fn run_async(args: &LoadgenArgs) -> anyhow::Result<LoadgenReport> {
         next_session = stop_at;
         bar.set_length(due.len() as u64);
     }
-    let mut in_flight = FuturesUnordered::new();
+    let mut in_flight: FuturesUnordered<BoxFuture<'static, (Result<Sent, String>, Due)>> =
+        FuturesUnordered::new();
     let mut failure_logged = false;
     loop {
         let sessions_open = next_session < stop_at && args.sessions.is_none_or(|n| started < n);
@@ -531,17 +694,14 @@ pub async fn run_async(args: &LoadgenArgs) -> anyhow::Result<LoadgenReport> {
         // Send every upload whose time has come (while there is room in flight).
         while in_flight.len() < MAX_IN_FLIGHT && due.peek().is_some_and(|d| d.at <= now) {
             let Some(d) = due.pop() else { break };
-            let record = FutureRecord::to(&kafka.input_topic)
-                .key(d.upload.key.as_bytes())
-                .payload(d.upload.json.as_bytes());
-            match producer.send_result(record) {
-                Ok(delivery) => in_flight.push(async move { (delivery.await, d) }),
-                Err((e, _)) => {
+            match producer.send(&d.upload).await {
+                Ok(Some(ack)) => in_flight.push(Box::pin(async move { (ack.await, d) })),
+                Ok(None) => {
                     // Local queue full: wait for deliveries below, retry this one.
-                    tracing::debug!(error = %e, "producer queue full");
                     due.push(d);
                     break;
                 }
+                Err(e) => in_flight.push(Box::pin(async move { (Err(e), d) })),
             }
         }
         // Wait for the next due time, the next session, or a delivery report.
@@ -556,21 +716,17 @@ pub async fn run_async(args: &LoadgenArgs) -> anyhow::Result<LoadgenReport> {
         tokio::select! {
             Some((result, d)) = in_flight.next(), if !in_flight.is_empty() => {
                 match result {
-                    Ok(Ok(delivery)) => {
+                    Ok((ts, partition, offset)) => {
                         report.produced += 1;
                         report.uploads[d.scenario] += 1;
                         if d.at.elapsed() > Duration::from_secs(1) {
                             report.late += 1;
                         }
                         if trace_file.is_some() {
-                            trace.push(trace_line(&d.upload.json, &delivery));
+                            trace.push((ts, partition, offset, d.upload.json));
                         }
                     }
-                    failed => {
-                        let e = match failed {
-                            Ok(Err((e, _))) => e.to_string(),
-                            _ => "producer dropped the delivery report".to_owned(),
-                        };
+                    Err(e) => {
                         report.failed += 1;
                         if !failure_logged {
                             failure_logged = true;
@@ -591,26 +747,21 @@ pub async fn run_async(args: &LoadgenArgs) -> anyhow::Result<LoadgenReport> {
     report.tail_ms = last_planned.saturating_duration_since(stop_at).as_millis() as u64;
     bar.finish_and_clear();
     if let Some(file) = trace_file {
+        producer.stamp(&mut trace).await?;
         trace.sort_unstable();
         let mut out = std::io::BufWriter::new(file);
-        for (.., line) in &trace {
-            writeln!(out, "{line}").context("cannot write the trace")?;
+        for (ts, p, o, json) in &trace {
+            writeln!(out, "{}", trace_line(json, *ts, *p, *o)).context("cannot write the trace")?;
         }
         out.flush().context("cannot write the trace")?;
     }
     Ok(report)
 }
 
-/// One trace line, with its sort key: `json` with `"ts"`, `"partition"` and `"offset"` added.
-fn trace_line(
-    json: &str,
-    delivery: &rdkafka::producer::future_producer::Delivery,
-) -> (i64, i32, i64, String) {
+/// One trace line: `json` with `"ts"`, `"partition"` and `"offset"` added.
+fn trace_line(json: &str, ts: i64, p: i32, o: i64) -> String {
     let body = json.strip_suffix('}').unwrap_or(json);
-    let ts = delivery.timestamp.to_millis().unwrap_or(-1);
-    let (p, o) = (delivery.partition, delivery.offset);
-    let line = format!(r#"{body},"ts":{ts},"partition":{p},"offset":{o}}}"#);
-    (ts, p, o, line)
+    format!(r#"{body},"ts":{ts},"partition":{p},"offset":{o}}}"#)
 }
 
 /// A progress bar on stderr counting uploads (hidden when `visible` is false); also what

@@ -304,6 +304,14 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                 table.tenants.len()
             );
             println!("transport: {} (settle run)", cfg.transport.as_str());
+            if cfg.admin.enabled {
+                println!(
+                    "admin: http://{} (/metrics /healthz /readyz /v1/...)",
+                    cfg.admin.listen
+                );
+            } else {
+                println!("admin: disabled");
+            }
             let k = &cfg.kafka;
             println!(
                 "kafka: {} group {} input {} dead-letter {}",

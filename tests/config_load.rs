@@ -3,7 +3,7 @@
 //! and restores the environment afterwards.
 
 use figment::Jail;
-use settle::config::{Config, ConfigError};
+use settle::config::{Config, ConfigError, Transport};
 use settle::engine::{PolicyName, PolicySpec};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -85,15 +85,21 @@ fn shipped_file_documents_every_key_with_its_env_var() {
                     "[[{section}]] not in settle.toml"
                 );
             } else {
-                let env = settle::config::env_var_for(&format!("{section}.{key}"));
+                // Top-level keys (`transport`) come before any section.
+                let path = if section.is_empty() {
+                    key.to_owned()
+                } else {
+                    format!("{section}.{key}")
+                };
+                let env = settle::config::env_var_for(&path);
                 assert!(text.contains(&env), "{env} not documented in settle.toml");
             }
             keys += 1;
         }
     }
-    // debounce 5 (max-wait unset), store 1, runtime 4, kafka 4, tiers 5 (demote-to unset),
-    // 2 tiers × 2.
-    assert_eq!(keys, 23);
+    // transport 1, debounce 5 (max-wait unset), store 1, runtime 4, admin 2, kafka 4, nats 16
+    // (auth and TLS files unset), tiers 5 (demote-to unset), 2 tiers × 2.
+    assert_eq!(keys, 42);
     assert!(text.contains("SETTLE_DEBOUNCE__MAX_WAIT"));
     assert!(text.contains("SETTLE_TIERS__DEMOTE_TO"));
 }
@@ -222,6 +228,49 @@ fn file_errors_name_the_file() {
         let e = Config::load(Some(Path::new("broken.toml"))).unwrap_err();
         assert_eq!(e.key(), None);
         assert!(e.to_string().contains("broken.toml"), "{e}");
+        Ok(())
+    });
+}
+
+#[test]
+fn transport_and_nats_from_file_and_environment() {
+    jailed(|jail| {
+        jail.create_file(
+            "settle.toml",
+            r#"
+            transport = "nats"
+            [nats]
+            servers = "nats://n1:4222, nats://n2:4222"
+            partitions = 12
+            instances = 3
+            "#,
+        )
+        .map_err(|e| e.to_string())?;
+        // The StatefulSet ordinal comes from the environment.
+        jail.set_env("SETTLE_NATS__INSTANCE", "2");
+        let c = Config::load(Some(Path::new("settle.toml"))).map_err(|e| e.to_string())?;
+        assert_eq!(c.transport, Transport::Nats);
+        assert_eq!(c.nats.server_list(), ["nats://n1:4222", "nats://n2:4222"]);
+        assert_eq!(c.nats.owned_partitions(), vec![2, 5, 8, 11]);
+        jail.set_env("SETTLE_TRANSPORT", "kafka");
+        let c = Config::load(Some(Path::new("settle.toml"))).map_err(|e| e.to_string())?;
+        assert_eq!(c.transport, Transport::Kafka, "env beats file");
+        jail.set_env("SETTLE_NATS__INSTANCE", "3");
+        let e = Config::load(Some(Path::new("settle.toml"))).unwrap_err();
+        assert_eq!(e.key(), Some("nats.instance"));
+        assert!(e.to_string().contains("0 to 2"), "{e}");
+        Ok(())
+    });
+    jailed(|jail| {
+        jail.set_env("SETTLE_TRANSPORT", "pulsar");
+        let e = Config::load(None).unwrap_err();
+        assert_eq!(e.key(), Some("transport"));
+        assert!(e.to_string().contains("kafka, nats"), "{e}");
+        // On NATS the tier topics are subjects: checked then.
+        jail.set_env("SETTLE_TRANSPORT", "nats");
+        jail.set_env("SETTLE_TIERS__EVENTS_TOPIC", "settle.uploads.1");
+        let e = Config::load(None).unwrap_err();
+        assert_eq!(e.key(), Some("tiers.events-topic"));
         Ok(())
     });
 }

@@ -15,7 +15,7 @@
 //!    offsets are the partitions' ends, and a new instance re-reads nothing.
 //!
 //! `SETTLE_TEST_KAFKA=host:port` runs them (scripts/test.sh sets it); unset, they print that
-//! they did not run. Set and no broker: they fail. `SETTLE_LOG` filters the log output.
+//! they did not run (under CI, `CI` set, they fail). Set and no broker: they fail. `SETTLE_LOG` filters the log output.
 
 mod kafka_support;
 
@@ -558,6 +558,7 @@ fn loadgen_args(kafka: &KafkaConfig, topic: &str, rate: f64, seconds: u64) -> lo
         trace_out: None,
         create_topic: None,
         no_progress: true,
+        nats: Default::default(),
     }
 }
 

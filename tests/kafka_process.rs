@@ -88,6 +88,9 @@ topic = "{output}"
 fn settle() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_settle"));
     c.env_remove("SETTLE_CONFIG")
+        // Any free port: a settle (or docker compose) already on the default admin port
+        // must not make this one fail to start.
+        .env("SETTLE_ADMIN__LISTEN", "127.0.0.1:0")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());

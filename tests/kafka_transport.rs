@@ -4,9 +4,13 @@
 //! the consumer group until `done` is signalled.
 //!
 //! `SETTLE_TEST_KAFKA=host:port` runs them (scripts/test.sh sets it); unset, they print that
-//! they did not run. Set and no broker: they fail.
+//! they did not run, except under CI (`CI` set), where that is a failure. Set and no broker:
+//! they fail.
+
+mod kafka_support;
 
 use anyhow::{bail, ensure, Context as _, Result};
+use kafka_support::broker;
 use settle::loadgen::{self, OutRecord};
 use settle::transport::kafka::{
     KafkaConfig, KafkaInput, KafkaSink, KafkaSource, DLQ_REASON_HEADER, DLQ_SOURCE_OFFSET_HEADER,
@@ -20,27 +24,10 @@ use tokio::time::timeout;
 /// Bound on one step that talks to the broker.
 const STEP: Duration = Duration::from_secs(60);
 
-/// The broker from `SETTLE_TEST_KAFKA`, or `None` after saying the test did not run.
-fn broker(test: &str) -> Option<String> {
-    match std::env::var("SETTLE_TEST_KAFKA") {
-        Ok(v) if !v.trim().is_empty() => Some(v.trim().to_owned()),
-        _ => {
-            println!("SETTLE_TEST_KAFKA is not set: {test} did NOT run (scripts/test.sh sets it)");
-            None
-        }
-    }
-}
-
 /// A config on fresh topics and a fresh group, with fast group timings. Logs go to the test
 /// output, filtered by `SETTLE_LOG` (default `warn`); `SETTLE_TEST_KAFKA_DEBUG=cgrp,fetch`
 /// (say) turns on librdkafka's debug contexts.
 fn fresh_config(bootstrap: &str, name: &str) -> KafkaConfig {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SETTLE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_test_writer()
-        .try_init();
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos())

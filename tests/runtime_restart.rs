@@ -190,6 +190,8 @@ async fn a_batch_that_fails_to_write_keeps_the_offset_and_stops_the_partition() 
             catch_up_rate: 0,
         }),
         status: status.clone(),
+        metrics: settle::metrics::Metrics::new(),
+        sessions: settle::runtime::SessionLookup::new(),
     };
     let mut source = broker.source("other-group");
     let Some(SourceEvent::Assigned(mut inputs)) = source.next_event().await.unwrap() else {

@@ -38,14 +38,17 @@
 //! before the source is told they are done.
 
 pub mod clock;
+pub mod lookup;
 pub mod pacer;
 pub mod partition;
 pub mod publisher;
 pub mod run_file;
 pub mod status;
+pub mod throttle;
 pub mod tier_events;
 
 pub use clock::{Clock, PartitionClock, SystemClock, TokioClock};
+pub use lookup::{Lookup, SessionLookup, SessionView};
 pub use pacer::CatchUpPacer;
 pub use partition::{PartitionContext, PartitionExit, PartitionSettings};
 pub use publisher::{PublishTarget, TierRouting};
@@ -54,6 +57,7 @@ pub use tier_events::{read_snapshot, TierSnapshot, TIERS_FILE};
 
 use crate::config::Config;
 use crate::engine::Engine;
+use crate::metrics::Metrics;
 use crate::store::{self, MemoryBudget, PartitionStore, StoreOptions};
 use crate::tiers::{Router, SharedRouter, TierChange, TiersConfig};
 use crate::transport::{self, Backoff, PartitionInput, Sink, Source, SourceEvent};
@@ -184,6 +188,8 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
                 tiers,
                 settings: Arc::new(options.partition_settings()),
                 status: StatusBoard::new(),
+                metrics: Metrics::new(),
+                sessions: SessionLookup::new(),
             },
             options,
             budget,
@@ -200,6 +206,27 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
     /// counters (SEMANTICS §5).
     pub fn router(&self) -> SharedRouter {
         self.ctx.tiers.router.clone()
+    }
+
+    /// This runtime's metrics (its own registry; clone it before `run`).
+    pub fn metrics(&self) -> Metrics {
+        self.ctx.metrics.clone()
+    }
+
+    /// The session query channels of the partition tasks (clone it before `run`), for the
+    /// admin endpoint `GET /v1/sessions/{tenant}/{session}`.
+    pub fn sessions(&self) -> SessionLookup {
+        self.ctx.sessions.clone()
+    }
+
+    /// The wall clock the runtime reads.
+    pub fn clock(&self) -> C {
+        self.ctx.clock.clone()
+    }
+
+    /// The options the runtime was built with.
+    pub fn options(&self) -> &RuntimeOptions {
+        &self.options
     }
 
     /// Runs until `shutdown` is cancelled: starts a partition task for each assigned
@@ -232,6 +259,7 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
         let mut running: HashMap<i32, Running> = HashMap::new();
         let mut summary = RunSummary::default();
         let mut backoff = Backoff::new(Duration::from_secs(5));
+        let mut source_warn = throttle::LogThrottle::default();
         let mut source_open = true;
         let result = loop {
             let event = tokio::select! {
@@ -242,6 +270,7 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
             match event {
                 Ok(Some(SourceEvent::Assigned(inputs))) => {
                     backoff.reset();
+                    source_warn.clear();
                     for input in inputs {
                         let p = input.partition();
                         if let Some(old) = running.remove(&p) {
@@ -266,7 +295,12 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
                     source_open = false;
                 }
                 Err(e) if e.is_retryable() => {
-                    tracing::warn!(error = %e, "source unavailable; retrying");
+                    match source_warn.allow() {
+                        Some(suppressed) => {
+                            tracing::warn!(error = %e, suppressed, "source unavailable; retrying (logged at most every 10 s)")
+                        }
+                        None => tracing::debug!(error = %e, "source unavailable; retrying"),
+                    }
                     tokio::select! {
                         () = shutdown.cancelled() => {}
                         () = tokio::time::sleep(backoff.next_delay()) => {}

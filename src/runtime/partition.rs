@@ -7,6 +7,8 @@
 //!    when the partition is caught up, by the wall-clock time until its earliest timer, so
 //!    an idle partition wakes exactly when a round falls due (SEMANTICS §3: no "suppress
 //!    never emits on idle input").
+//!    While owed emissions wait for room in the publisher's queue, it is at most
+//!    [`FEED_WAIT`], so a backlog of emissions is handed over as fast as the sink acknowledges.
 //! 2. Decode every record (`codec::decode_upload`, event time capped at the wall clock); a
 //!    bad record is dead-lettered with its reason (awaited) and its offset still advances.
 //! 3. In ONE store batch: for each upload, fire the timers due up to its event time (a round
@@ -32,6 +34,15 @@
 //! [`PartitionState::Failed`], stops its publisher, commits nothing more to the source and
 //! returns. The store still holds the last committed batch, so a restart resumes there.
 //!
+//! # Observability
+//!
+//! The task runs in the span `partition{topic, partition}` (its publisher too); warnings a
+//! loop can repeat (poll, seek, dead-letter and commit failures, bad records) are logged at
+//! most every [`LOG_EVERY`](super::throttle::LOG_EVERY) with the count left out. It records
+//! consumed and rejected records and the store write latency ([`PartitionMetrics`]), keeps
+//! its entry of the status board, and answers session queries of the admin endpoint
+//! ([`SessionLookup`]) while it waits for input.
+//!
 //! # Stop
 //!
 //! On cancellation (shutdown or revocation) the task stops fetching, finishes the step it is
@@ -39,11 +50,14 @@
 //! flushes and closes the store.
 
 use super::clock::{Clock, PartitionClock};
+use super::lookup::{SessionLookup, SessionQuery, SessionView};
 use super::pacer::CatchUpPacer;
 use super::publisher::{self, PublishTarget, TierRouting};
 use super::status::{PartitionState, PartitionStatus, StatusBoard};
+use super::throttle::LogThrottle;
 use crate::codec;
 use crate::engine::{Applied, Driver, Emission, Engine, Millis, SessionTable, Upload};
+use crate::metrics::{Metrics, PartitionMetrics};
 use crate::store::{self, Batch, PartitionStore};
 use crate::transport::{Backoff, InputRecord, PartitionInput, Sink};
 use std::collections::VecDeque;
@@ -52,12 +66,19 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 /// Longest time a durable offset waits before it is committed to the source while records
 /// keep flowing (one commit per batch would cost the broker a request per batch). A caught-up
 /// partition commits at once, and a stopping one before it drains its outbox. The store, not
 /// the group, is where a restarted partition resumes, so a late commit re-reads nothing here.
 pub const COMMIT_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Longest poll wait while owed emissions wait for room in the publisher's queue and the
+/// publisher is making progress: the task hands over at most one queue (`publish window`)
+/// per loop turn, so waiting a whole `idle-tick` there would cap an idle partition's
+/// publishing at one window per tick (2 560 emissions/s with the defaults).
+pub const FEED_WAIT: Duration = Duration::from_millis(1);
 
 /// How a partition task ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -104,6 +125,10 @@ pub struct PartitionContext<K, C> {
     pub settings: Arc<PartitionSettings>,
     /// Where the task reports its status.
     pub status: StatusBoard,
+    /// The runtime's metrics (one registry per runtime).
+    pub metrics: Metrics,
+    /// Where the task registers to answer session queries (admin endpoint).
+    pub sessions: SessionLookup,
 }
 
 /// A consumed record, decoded and waiting to be applied.
@@ -141,14 +166,23 @@ pub async fn run<I: PartitionInput, K: Sink, C: Clock>(
     let partition = input.partition();
     let (entries_tx, entries_rx) = mpsc::channel(ctx.settings.publish.window.max(1));
     let (acks_tx, acks_rx) = mpsc::unbounded_channel();
-    let publisher = tokio::spawn(publisher::run(
-        ctx.sink.clone(),
-        ctx.clock.clone(),
-        ctx.settings.publish.clone(),
-        ctx.tiers.clone(),
-        entries_rx,
-        acks_tx,
-    ));
+    let publish_metrics = ctx
+        .metrics
+        .publisher(ctx.tiers.router.tiers().tiers().map(|(name, _)| name));
+    let publisher = tokio::spawn(
+        publisher::run(
+            ctx.sink.clone(),
+            ctx.clock.clone(),
+            ctx.settings.publish.clone(),
+            ctx.tiers.clone(),
+            entries_rx,
+            acks_tx,
+            publish_metrics,
+        )
+        .instrument(tracing::Span::current()),
+    );
+    // Unregistered when this function returns.
+    let (_registration, queries) = ctx.sessions.register(partition);
     let mut task = Task {
         status: PartitionStatus::starting(input.topic(), partition),
         clock: PartitionClock::resume(store.partition_time()),
@@ -162,6 +196,10 @@ pub async fn run<I: PartitionInput, K: Sink, C: Clock>(
         acks: acks_rx,
         uncommitted: None,
         committed_at: Instant::now(),
+        publisher_progress_at: Instant::now(),
+        metrics: ctx.metrics.partition(input.topic(), partition),
+        queries,
+        warn: Warnings::default(),
         ctx,
         store,
         input,
@@ -207,6 +245,40 @@ struct Task<I, K, C> {
     uncommitted: Option<i64>,
     /// When the source was last asked to commit.
     committed_at: Instant,
+    /// When the publisher last took an entry or acknowledged one.
+    publisher_progress_at: Instant,
+    metrics: PartitionMetrics,
+    /// Session queries of the admin endpoint.
+    queries: mpsc::Receiver<SessionQuery>,
+    warn: Warnings,
+}
+
+/// One log throttle per warning the task's loops can repeat.
+#[derive(Default)]
+struct Warnings {
+    poll: LogThrottle,
+    seek: LogThrottle,
+    bad_record: LogThrottle,
+    dead_letter: LogThrottle,
+    commit: LogThrottle,
+}
+
+/// Answers one session query from `store` (read-only; between store batches).
+fn answer(store: &PartitionStore, engine: &Engine, status: &PartitionStatus, q: SessionQuery) {
+    let answer = store
+        .session(&q.key)
+        .map(|state| {
+            state.map(|state| SessionView {
+                topic: status.topic.clone(),
+                partition: status.partition,
+                next_due: engine.next_due(&q.key, &state),
+                policy: engine.spec_for(&q.key).name,
+                state,
+            })
+        })
+        .map_err(fatal);
+    // The asker may have given up (timeout): nothing to do then.
+    let _ = q.reply.send(answer);
 }
 
 /// Fatal error text for a store failure.
@@ -236,25 +308,47 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
         loop {
             self.take_acks().map_err(fatal)?;
             self.feed_publisher().map_err(fatal)?;
+            while let Ok(q) = self.queries.try_recv() {
+                answer(&self.store, &self.ctx.engine, &self.status, q);
+            }
             if cancel.is_cancelled() {
                 return Ok(());
             }
             if self.held.is_empty() {
                 let wait = self.poll_wait(paused).map_err(fatal)?;
                 let settings = Arc::clone(&self.ctx.settings);
-                let polled = tokio::select! {
-                    biased;
-                    () = cancel.cancelled() => return Ok(()),
-                    r = self.input.poll(settings.batch_size, wait) => r,
+                // Session queries are answered while the poll waits; the poll future is kept
+                // (not dropped and restarted), so no fetched record is lost.
+                let polled = {
+                    let poll = self.input.poll(settings.batch_size, wait);
+                    tokio::pin!(poll);
+                    loop {
+                        tokio::select! {
+                            biased;
+                            () = cancel.cancelled() => return Ok(()),
+                            r = &mut poll => break r,
+                            Some(q) = self.queries.recv() => {
+                                answer(&self.store, &self.ctx.engine, &self.status, q);
+                            }
+                        }
+                    }
                 };
                 match polled {
                     Ok(batch) => {
+                        self.warn.poll.clear();
                         let complete = self.decode(batch.records, cancel).await;
                         // A truncated batch leaves records unread: not caught up.
                         self.caught_up = batch.caught_up && complete;
                     }
                     Err(e) if e.is_retryable() => {
-                        tracing::warn!(partition = self.partition(), error = %e, "poll failed; retrying");
+                        match self.warn.poll.allow() {
+                            Some(suppressed) => {
+                                tracing::warn!(partition = self.partition(), error = %e, suppressed, "poll failed; retrying (logged at most every 10 s)")
+                            }
+                            None => {
+                                tracing::debug!(partition = self.partition(), error = %e, "poll failed; retrying")
+                            }
+                        }
                         pause(cancel, Duration::from_millis(200)).await;
                         continue;
                     }
@@ -288,6 +382,11 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
         if let Some(p) = pause {
             return Ok(p.min(tick));
         }
+        // Owed emissions not handed over yet (the publisher's queue was full): come back as
+        // soon as it has room, while it keeps acknowledging (not while the sink is down).
+        if self.store.outbox_len() > self.in_flight && self.publisher_progress_at.elapsed() < tick {
+            return Ok(tick.min(FEED_WAIT));
+        }
         if !self.caught_up {
             return Ok(tick);
         }
@@ -308,7 +407,14 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
             match self.input.seek(next).await {
                 Ok(()) => return Ok(()),
                 Err(e) if e.is_retryable() && !cancel.is_cancelled() => {
-                    tracing::warn!(partition = self.partition(), error = %e, "seek failed; retrying");
+                    match self.warn.seek.allow() {
+                        Some(suppressed) => {
+                            tracing::warn!(partition = self.partition(), error = %e, suppressed, "seek failed; retrying (logged at most every 10 s)")
+                        }
+                        None => {
+                            tracing::debug!(partition = self.partition(), error = %e, "seek failed; retrying")
+                        }
+                    }
                     pause(cancel, backoff.next_delay()).await;
                 }
                 Err(e) => return Err(format!("seek: {e}")),
@@ -352,22 +458,40 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
         reason: &str,
         cancel: &CancellationToken,
     ) -> bool {
-        tracing::warn!(
-            partition = self.partition(),
-            offset = record.offset,
-            reason,
-            "bad record: dead-lettered"
-        );
+        match self.warn.bad_record.allow() {
+            Some(suppressed) => tracing::warn!(
+                partition = self.partition(),
+                offset = record.offset,
+                reason,
+                suppressed,
+                "bad record: dead-lettered (logged at most every 10 s; each one is counted in settle_uploads_rejected_total)"
+            ),
+            None => tracing::debug!(
+                partition = self.partition(),
+                offset = record.offset,
+                reason,
+                "bad record: dead-lettered"
+            ),
+        }
         let mut backoff = Backoff::new(Duration::from_secs(5));
         loop {
             match self.ctx.sink.dead_letter(record, reason).await {
                 Ok(()) => {
+                    self.warn.dead_letter.clear();
                     self.status.dead_letters += 1;
+                    self.metrics.rejected(reason);
                     return true;
                 }
                 Err(_) if cancel.is_cancelled() => return false,
                 Err(e) => {
-                    tracing::warn!(partition = self.partition(), error = %e, "dead letter failed; retrying");
+                    match self.warn.dead_letter.allow() {
+                        Some(suppressed) => {
+                            tracing::warn!(partition = self.partition(), error = %e, suppressed, "dead letter failed; retrying (logged at most every 10 s)")
+                        }
+                        None => {
+                            tracing::debug!(partition = self.partition(), error = %e, "dead letter failed; retrying")
+                        }
+                    }
                     pause(cancel, backoff.next_delay()).await;
                 }
             }
@@ -382,6 +506,7 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
         let mut out: Vec<Emission> = Vec::new();
         let mut report = StepReport::default();
         let mut applied: Option<i64> = None;
+        let mut applied_records = 0u64;
         let mut fired = 0usize;
 
         let mut batch = self.store.batch();
@@ -406,6 +531,7 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
                 }
             }
             applied = Some(front.offset);
+            applied_records += 1;
             self.held.pop_front();
         }
         if report.paused.is_none() {
@@ -429,7 +555,11 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
             report.next_offset = Some(last + 1);
         }
         batch.set_partition_time(self.clock.now());
+        // Measured, not decided on: the shell may read the real clock here (STYLE §1).
+        let started = std::time::Instant::now();
         batch.commit()?;
+        self.metrics.store_write(started.elapsed());
+        self.metrics.consumed(applied_records);
         self.status.emissions += out.len() as u64;
         Ok(report)
     }
@@ -444,6 +574,7 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
             return Ok(());
         }
         self.store.outbox_ack(&seqs)?;
+        self.publisher_progress_at = Instant::now();
         self.in_flight = self.in_flight.saturating_sub(seqs.len() as u64);
         self.status.published += seqs.len() as u64;
         Ok(())
@@ -466,6 +597,7 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
                 break;
             }
             self.in_flight += 1;
+            self.publisher_progress_at = Instant::now();
         }
         Ok(())
     }
@@ -481,6 +613,10 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
         s.caught_up = live;
         s.next_offset = self.store.stored_offset();
         s.partition_time = self.clock.now();
+        s.lag = self
+            .input
+            .lag()
+            .map(|lag| lag.saturating_add(self.held.len() as u64));
         s.pending_rounds = self.store.pending_rounds();
         s.outbox_len = self.store.outbox_len();
         s.next_due = self.store.next_timer()?.map(|(d, _)| d);
@@ -501,8 +637,18 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
             return;
         };
         self.committed_at = Instant::now();
-        if let Err(e) = self.input.commit(next).await {
-            tracing::warn!(partition = self.partition(), error = %e, next_offset = next, "offset commit failed; the store keeps the offset");
+        match self.input.commit(next).await {
+            Ok(()) => {
+                self.warn.commit.clear();
+            }
+            Err(e) => match self.warn.commit.allow() {
+                Some(suppressed) => {
+                    tracing::warn!(partition = self.partition(), error = %e, next_offset = next, suppressed, "offset commit failed; the store keeps the offset (logged at most every 10 s)")
+                }
+                None => {
+                    tracing::debug!(partition = self.partition(), error = %e, next_offset = next, "offset commit failed")
+                }
+            },
         }
     }
 

@@ -19,11 +19,21 @@
 //! The ready record gets `emitted_at` = the wall clock when it is sent. A failed publish is
 //! retried with backoff, failed entries first and in sequence order; while any entry waits
 //! for a retry no new entry is started, so an unavailable broker sees one retry round per
-//! backoff rather than the whole outbox.
+//! backoff rather than the whole outbox. Failures are logged once when they start, then at
+//! most every [`LOG_EVERY`](super::throttle::LOG_EVERY) with the count left out, and once
+//! when publishing recovers; each is counted in `settle_publish_failures_total`.
+//!
+//! # Metrics
+//!
+//! Each acknowledged emission is counted by trigger, tier and policy, with its lateness
+//! (`emitted_at - due_at`) and time-to-ready (`emitted_at - last_upload_at`), where
+//! `emitted_at` is the wall clock of the attempt that succeeded ([`PublishMetrics`]).
 
 use super::clock::Clock;
+use super::throttle::LogThrottle;
 use crate::codec;
 use crate::engine::Millis;
+use crate::metrics::PublishMetrics;
 use crate::store::OutboxEntry;
 use crate::tiers::{SharedRouter, TierChange};
 use crate::transport::{Backoff, ReadyMessage, Sink};
@@ -86,7 +96,8 @@ struct Routed {
 
 /// Runs until `entries` is closed and everything received is acknowledged (or until the
 /// task is aborted: the partition task aborts it at the shutdown deadline; whatever is not
-/// acknowledged stays in the outbox and is published again after a restart).
+/// acknowledged stays in the outbox and is published again after a restart). Records what
+/// it publishes in `metrics`.
 pub async fn run<K: Sink, C: Clock>(
     sink: K,
     clock: C,
@@ -94,6 +105,7 @@ pub async fn run<K: Sink, C: Clock>(
     tiers: TierRouting,
     mut entries: mpsc::Receiver<OutboxEntry>,
     acks: mpsc::UnboundedSender<u64>,
+    mut metrics: PublishMetrics,
 ) {
     let sink = &sink;
     let target = &target;
@@ -107,12 +119,13 @@ pub async fn run<K: Sink, C: Clock>(
             payload: codec::encode_ready(e, now_ms, &routed.tier),
         };
         let result = sink.publish(message).await;
-        (routed, result)
+        (routed, now_ms, result)
     };
     let mut in_flight = FuturesUnordered::new();
     let mut retry: BTreeMap<u64, Routed> = BTreeMap::new();
     let mut backoff = Backoff::new(target.max_backoff);
     let mut retry_at: Option<tokio::time::Instant> = None;
+    let mut failing = LogThrottle::default();
     let mut open = true;
     loop {
         let can_start = open && retry.is_empty() && in_flight.len() < target.window.max(1);
@@ -127,22 +140,36 @@ pub async fn run<K: Sink, C: Clock>(
                 }
                 None => open = false,
             },
-            Some((routed, result)) = in_flight.next(), if !in_flight.is_empty() => match result {
+            Some((routed, sent_at, result)) = in_flight.next(), if !in_flight.is_empty() => match result {
                 Ok(()) => {
                     backoff.reset();
+                    if let Some(failures) = failing.clear() {
+                        tracing::info!(failures, topic = %routed.topic, "publishing recovered");
+                    }
+                    metrics.published(&routed.tier, &routed.entry.emission, sent_at);
                     if acks.send(routed.entry.seq).is_err() {
                         // The partition task is gone; nothing can be deleted any more.
                         return;
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(
-                        emission_id = %routed.entry.emission.emission_id(),
-                        topic = %routed.topic,
-                        error = %e,
-                        retryable = e.is_retryable(),
-                        "publish failed; will retry"
-                    );
+                    metrics.publish_failed(&routed.tier);
+                    match failing.allow() {
+                        Some(suppressed) => tracing::warn!(
+                            emission_id = %routed.entry.emission.emission_id(),
+                            topic = %routed.topic,
+                            error = %e,
+                            retryable = e.is_retryable(),
+                            suppressed,
+                            "publish failed; will retry (logged at most every 10 s until it recovers)"
+                        ),
+                        None => tracing::debug!(
+                            emission_id = %routed.entry.emission.emission_id(),
+                            topic = %routed.topic,
+                            error = %e,
+                            "publish failed; will retry"
+                        ),
+                    }
                     retry.insert(routed.entry.seq, routed);
                     if retry_at.is_none() {
                         retry_at = Some(tokio::time::Instant::now() + backoff.next_delay());
@@ -221,6 +248,7 @@ mod tests {
             tiers,
             entries_rx,
             acks_tx,
+            crate::metrics::Metrics::new().publisher(["normal", "limited"]),
         ));
 
         // `a` is routed to `normal` (1st emission of `t`) and fails: the sink is down.

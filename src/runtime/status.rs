@@ -27,6 +27,21 @@ pub enum PartitionState {
     Failed(String),
 }
 
+impl PartitionState {
+    /// `starting`, `catching_up`, `live`, `stopping`, `stopped` or `failed` (admin endpoint
+    /// and the `state` metrics label).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            PartitionState::Starting => "starting",
+            PartitionState::CatchingUp => "catching_up",
+            PartitionState::Live => "live",
+            PartitionState::Stopping => "stopping",
+            PartitionState::Stopped => "stopped",
+            PartitionState::Failed(_) => "failed",
+        }
+    }
+}
+
 /// One partition's figures (all counters since the task started).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PartitionStatus {
@@ -40,6 +55,9 @@ pub struct PartitionStatus {
     pub next_offset: Option<i64>,
     /// Partition time (ms, SEMANTICS §3).
     pub partition_time: Millis,
+    /// Consumer lag (records): what the broker holds after the last record applied, as the
+    /// transport last learned it (`PartitionInput::lag`); `None` where it does not know.
+    pub lag: Option<u64>,
     /// The last poll found no more input and no consumed record waits to be applied.
     pub caught_up: bool,
     /// Keys with an open round (rounds still to emit or to end silently).
@@ -67,6 +85,7 @@ impl PartitionStatus {
             state: PartitionState::Starting,
             next_offset: None,
             partition_time: 0,
+            lag: None,
             caught_up: false,
             pending_rounds: 0,
             outbox_len: 0,

@@ -164,6 +164,7 @@ pub(crate) async fn run<K: Sink, C: Clock>(
     let mut in_flight: Option<Attempt> = None;
     let mut retry_at: Option<Instant> = None;
     let mut backoff = Backoff::new(MAX_BACKOFF);
+    let mut failing = super::throttle::LogThrottle::default();
     loop {
         let mut changed = false;
         tokio::select! {
@@ -187,12 +188,18 @@ pub(crate) async fn run<K: Sink, C: Clock>(
                 match result {
                     Ok(()) => {
                         backoff.reset();
+                        if let Some(failures) = failing.clear() {
+                            tracing::info!(failures, topic = %task.config.events_topic, "tier changes published again");
+                        }
                         task.pending.pop_front();
                         // Rewrite the file when the last one is out (`events-unpublished` 0).
                         changed = task.pending.is_empty();
                     }
                     Err(e) => {
-                        tracing::warn!(error = %e, topic = %task.config.events_topic, "tier change not published; will retry");
+                        match failing.allow() {
+                            Some(suppressed) => tracing::warn!(error = %e, topic = %task.config.events_topic, suppressed, "tier change not published; will retry (logged at most every 10 s)"),
+                            None => tracing::debug!(error = %e, "tier change not published; will retry"),
+                        }
                         retry_at = Some(Instant::now() + backoff.next_delay());
                     }
                 }

@@ -101,9 +101,14 @@ pub(crate) fn decode_meta_u64(key: &[u8], bytes: &[u8]) -> Result<u64, Error> {
     Ok(u64::from_be_bytes(b))
 }
 
-/// Encodes a `sessions` value.
-pub(crate) fn encode_state(state: &SessionState) -> Result<Vec<u8>, Error> {
-    encode(CF_SESSIONS, state)
+/// Encodes a `sessions` value (postcard) into `buf`, cleared first, so one buffer serves
+/// every state of a commit. Returns the buffer.
+pub(crate) fn encode_state_into(state: &SessionState, mut buf: Vec<u8>) -> Result<Vec<u8>, Error> {
+    buf.clear();
+    postcard::to_extend(state, buf).map_err(|e| Error::Encode {
+        cf: CF_SESSIONS,
+        reason: e.to_string(),
+    })
 }
 
 /// Decodes a `sessions` value stored under `key`.
@@ -204,6 +209,20 @@ mod tests {
         assert!(decode_timer_key(&[0x80, 0, 0, 0, 0, 0, 0, 0, 0xC3]).is_err());
         assert!(decode_outbox_key(b"1234567").is_err());
         assert_eq!(printable(b"a/b\x00"), "a/b\\x00");
+    }
+
+    #[test]
+    fn state_encoded_into_a_reused_buffer_is_the_same_bytes() {
+        let state = SessionState {
+            generation: 3,
+            last_upload_at: 1_700_000_000_000,
+            last_applied_event_id: Some("e-1".into()),
+            ..SessionState::default()
+        };
+        let dirty = vec![0xAA; 300];
+        let buf = encode_state_into(&state, dirty).unwrap();
+        assert_eq!(buf, postcard::to_allocvec(&state).unwrap());
+        assert_eq!(decode_state(b"t/s", &buf).unwrap(), state);
     }
 
     #[test]

@@ -362,17 +362,21 @@ impl PartitionStore {
         let outbox = cf(&self.db, CF_OUTBOX);
         let mut wb = WriteBatch::default();
         let mut acked = std::collections::BTreeSet::new();
-        for &seq in seqs {
-            let k = keys::outbox_key(seq);
-            let present = self
-                .db
-                .get_pinned_cf(outbox, k)
+        // Which of them are still owed: one batched lookup of the distinct keys in key order.
+        let mut wanted = seqs.to_vec();
+        wanted.sort_unstable();
+        wanted.dedup();
+        let wanted_keys: Vec<[u8; 8]> = wanted.iter().map(|&s| keys::outbox_key(s)).collect();
+        let found = self.db.batched_multi_get_cf(outbox, &wanted_keys, true);
+        for ((&seq, k), value) in wanted.iter().zip(&wanted_keys).zip(found) {
+            let present = value
                 .map_err(|source| Error::Read {
                     cf: CF_OUTBOX,
                     source,
                 })?
                 .is_some();
-            if present && acked.insert(seq) {
+            if present {
+                acked.insert(seq);
                 wb.delete_cf(outbox, k);
             }
         }

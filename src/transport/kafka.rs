@@ -1242,6 +1242,11 @@ impl PartitionInput for KafkaInput {
         Ok(InputBatch { records, caught_up })
     }
 
+    fn lag(&self) -> Option<u64> {
+        let high = self.cached_high_watermark().or(self.cursor.high)?;
+        Some(high.saturating_sub(self.cursor.next?).max(0) as u64)
+    }
+
     async fn commit(&mut self, next_offset: i64) -> Result<(), Error> {
         let tpl = self.one_partition(Offset::Offset(next_offset))?;
         self.consumer
@@ -1380,10 +1385,12 @@ impl Sink for KafkaSink {
 /// ([`Runtime::run`]) over a [`KafkaSource`] and a [`KafkaSink`], stores under
 /// `config.store.data-dir`, the debounce policies of `config`, each emission to its tenant's
 /// tier topic and tier changes to the events topic of `tiers` (one router for the process,
-/// see `crate::tiers`). Must run inside a tokio runtime.
+/// see `crate::tiers`). Serves the admin endpoints of `config.admin` (`crate::admin`) until
+/// the runtime has stopped. Must run inside a tokio runtime.
 ///
 /// Errors: an invalid `[kafka]` section (the message names the key), clients librdkafka
-/// rejects, or a fatal source error. Partitions that failed are in the summary.
+/// rejects, an `admin.listen` address that cannot be bound, or a fatal source error.
+/// Partitions that failed are in the summary.
 pub async fn run_until(
     config: &Config,
     kafka: &KafkaConfig,
@@ -1413,9 +1420,13 @@ pub async fn run_until(
         SystemClock,
         options,
     )?;
+    let admin = crate::admin::AdminServer::start_for(&config.admin, &runtime).await?;
     let progress = tokio::spawn(log_progress(runtime.status(), PROGRESS_EVERY));
     let summary = runtime.run(source, shutdown).await;
     progress.abort();
+    if let Some(admin) = admin {
+        admin.stop().await;
+    }
     Ok(summary?)
 }
 

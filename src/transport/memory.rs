@@ -484,6 +484,11 @@ impl PartitionInput for MemoryInput {
         }))
     }
 
+    fn lag(&self) -> Option<u64> {
+        let end = lock(&self.log().records).len() as i64;
+        Some(end.saturating_sub(self.position).max(0) as u64)
+    }
+
     async fn commit(&mut self, next_offset: i64) -> Result<(), Error> {
         lock(&self.broker.shared.state)
             .committed

@@ -50,6 +50,7 @@
 
 pub mod kafka;
 pub mod memory;
+pub mod nats;
 
 use crate::tiers::TierChange;
 use std::future::Future;
@@ -208,6 +209,16 @@ pub trait PartitionInput: Send + 'static {
     /// Errors: [`Error::Unavailable`] (logged; the next commit covers it),
     /// [`Error::Fatal`] (logged; the store stays the authority on what was applied).
     fn commit(&mut self, next_offset: i64) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Consumer lag as last learned, in records: how many records the broker holds after the
+    /// last one `poll` handed out (Kafka: the high watermark librdkafka cached from its last
+    /// fetch response minus the position; JetStream: the pending count of the last fetch;
+    /// memory: log end minus position). Sends no request. `None` (the default) where the
+    /// transport does not know it. Shown by the admin endpoint and the
+    /// `settle_consumer_lag_records` metric.
+    fn lag(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Where ready records and dead letters go. Cheap to clone (each partition's outbox

@@ -1,0 +1,712 @@
+//! Prometheus metrics of one runtime: every metric name and help text of settle is defined in
+//! this module (STYLE §7), and served by the admin endpoint `/metrics` (`crate::admin`).
+//!
+//! # Registry
+//!
+//! One [`prometheus::Registry`] per [`Metrics`], and one [`Metrics`] per
+//! `runtime::Runtime` (not the process-wide default registry), so tests can run several
+//! runtimes in one process and read each one's figures.
+//!
+//! # Labels
+//!
+//! Bounded only: `topic`, `partition`, `tier`, `trigger`, `policy`, `reason` (a
+//! `codec::DecodeError::reason` code or a `tiers::ChangeReason`), `state` (partition life
+//! cycle) and `version`. Never a tenant or session id: a tenant's figures are on the admin
+//! endpoint `/v1/tenants/{tenant}`.
+//!
+//! # Where each figure comes from
+//!
+//! * Counters and histograms are recorded where the event happens, through label handles
+//!   resolved once per partition task ([`PartitionMetrics`]) or per outbox publisher
+//!   ([`PublishMetrics`]), so the hot path costs an atomic add, not a label lookup:
+//!   consumed and rejected records and the store write latency in the partition task;
+//!   emissions, lateness, time-to-ready and failed publishes in the publisher, when the broker
+//!   acknowledged the record (`emitted_at` = the wall clock of the successful attempt).
+//! * Gauges (pending rounds, outbox size, consumer lag, partition clock, partitions by state,
+//!   restore) and the tier figures are refreshed from the runtime's status board and tier
+//!   router at scrape time ([`Metrics::refresh`]).
+//!
+//! Units: seconds for durations (Prometheus convention), records for lag, counts otherwise.
+
+use crate::engine::{Emission, Millis, PolicyName, Trigger};
+use crate::runtime::{PartitionState, StatusMap};
+use crate::tiers::{ChangeReason, TierCounters};
+use prometheus::core::Collector;
+use prometheus::{
+    Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry,
+};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+/// Counter `{topic, partition}`: input records applied to the partition store (offset
+/// advanced): uploads and the bad records that were dead-lettered.
+pub const UPLOADS_CONSUMED: &str = "settle_uploads_consumed_total";
+/// Counter `{topic, partition, reason}`: input records dead-lettered, by
+/// `codec::DecodeError::reason` code (SEMANTICS §2).
+pub const UPLOADS_REJECTED: &str = "settle_uploads_rejected_total";
+/// Counter `{trigger, tier, policy}`: emissions acknowledged by the broker (SEMANTICS §2, §4).
+pub const EMISSIONS: &str = "settle_emissions_total";
+/// Counter `{tier, policy}`: uploads coalesced into acknowledged emissions (the `uploads`
+/// field summed).
+pub const EMISSION_UPLOADS: &str = "settle_emission_uploads_total";
+/// Gauge: uploads per acknowledged emission since the runtime started.
+pub const COALESCING_RATIO: &str = "settle_coalescing_ratio";
+/// Counter `{tier}`: publish attempts that failed (each is retried; nothing is dropped).
+pub const PUBLISH_FAILURES: &str = "settle_publish_failures_total";
+/// Histogram `{trigger}`, seconds: `emitted_at - due_at` of acknowledged emissions
+/// (SEMANTICS §3 lateness).
+pub const EMISSION_LATENESS: &str = "settle_emission_lateness_seconds";
+/// Histogram `{tier}`, seconds: `emitted_at - last_upload_at` of acknowledged emissions.
+pub const TIME_TO_READY: &str = "settle_time_to_ready_seconds";
+/// Histogram `{topic, partition}`, seconds: one store write batch (state, timers, outbox,
+/// offset) committed.
+pub const STORE_WRITE: &str = "settle_store_write_seconds";
+/// Gauge `{topic, partition}`: keys with an open round.
+pub const PENDING_ROUNDS: &str = "settle_pending_rounds";
+/// Gauge `{topic, partition}`: owed emissions not yet acknowledged by the broker.
+pub const OUTBOX_SIZE: &str = "settle_outbox_size";
+/// Gauge `{topic, partition}`, records: records the broker holds after the last one applied
+/// (only where the transport knows it).
+pub const CONSUMER_LAG: &str = "settle_consumer_lag_records";
+/// Gauge `{topic, partition}`, seconds: wall clock minus partition time (SEMANTICS §3).
+pub const CLOCK_BEHIND: &str = "settle_partition_clock_behind_seconds";
+/// Gauge `{topic, partition}`, records: changelog records still to replay before the
+/// partition processes input (0: nothing to restore; the changelog restore is not built yet).
+pub const RESTORE_REMAINING: &str = "settle_restore_remaining_records";
+/// Gauge `{state}`: partitions of this process by life-cycle state.
+pub const PARTITIONS: &str = "settle_partitions";
+/// Counter `{reason}`: tier changes (SEMANTICS §5): `rate_exceeded` (demotion) or
+/// `recovered` (promotion).
+pub const TIER_CHANGES: &str = "settle_tier_changes_total";
+/// Gauge: tenants the tier router tracks (an emission in the last period, or demoted).
+pub const TENANTS_TRACKED: &str = "settle_tenants_tracked";
+/// Gauge: tenants demoted automatically now.
+pub const TENANTS_DEMOTED: &str = "settle_tenants_demoted";
+/// Gauge `{version}`: always 1; the version of the running binary.
+pub const BUILD_INFO: &str = "settle_build_info";
+
+/// Buckets of [`EMISSION_LATENESS`] (seconds).
+const LATENESS_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+/// Buckets of [`TIME_TO_READY`] (seconds): from `final` (milliseconds) to `max-wait` (hours).
+const TIME_TO_READY_BUCKETS: &[f64] = &[
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0,
+    1800.0, 3600.0,
+];
+/// Buckets of [`STORE_WRITE`] (seconds).
+const STORE_WRITE_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+];
+
+const TOPIC_PARTITION: &[&str] = &["topic", "partition"];
+
+/// Every value of the `state` label of [`PARTITIONS`] (`PartitionState::as_str`).
+const STATES: [&str; 6] = [
+    "starting",
+    "catching_up",
+    "live",
+    "stopping",
+    "stopped",
+    "failed",
+];
+
+/// The metrics of one runtime. Cheap to clone (shared).
+#[derive(Clone)]
+pub struct Metrics {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics")
+            .field("names", &self.inner.names)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    registry: Registry,
+    names: Vec<String>,
+    uploads_consumed: IntCounterVec,
+    uploads_rejected: IntCounterVec,
+    emissions: IntCounterVec,
+    emission_uploads: IntCounterVec,
+    coalescing_ratio: Gauge,
+    publish_failures: IntCounterVec,
+    lateness: HistogramVec,
+    time_to_ready: HistogramVec,
+    store_write: HistogramVec,
+    pending_rounds: IntGaugeVec,
+    outbox_size: IntGaugeVec,
+    consumer_lag: IntGaugeVec,
+    clock_behind: GaugeVec,
+    restore_remaining: IntGaugeVec,
+    partitions: IntGaugeVec,
+    tier_changes: IntCounterVec,
+    tenants_tracked: IntGauge,
+    tenants_demoted: IntGauge,
+    /// Acknowledged emissions and the uploads in them (for [`COALESCING_RATIO`]).
+    emitted: AtomicU64,
+    coalesced: AtomicU64,
+    /// Serializes [`Metrics::refresh`] (it turns totals into counter increments).
+    refreshing: Mutex<()>,
+}
+
+/// Registers collectors and remembers their names.
+struct Builder {
+    registry: Registry,
+    names: Vec<String>,
+}
+
+impl Builder {
+    fn add<C: Collector + Clone + 'static>(&mut self, c: C) -> C {
+        self.names
+            .extend(c.desc().iter().map(|d| d.fq_name.clone()));
+        // Invariant: every name below is a valid, distinct metric name and the registry is
+        // new, so registration cannot fail (the unit tests build one).
+        self.registry
+            .register(Box::new(c.clone()))
+            .expect("distinct valid metric names");
+        c
+    }
+
+    fn counter(&mut self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+        // Invariant: valid name and labels (see `add`).
+        self.add(IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"))
+    }
+
+    fn gauge(&mut self, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+        self.add(IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric"))
+    }
+
+    fn histogram(&mut self, name: &str, help: &str, labels: &[&str], b: &[f64]) -> HistogramVec {
+        let opts = HistogramOpts::new(name, help).buckets(b.to_vec());
+        self.add(HistogramVec::new(opts, labels).expect("valid metric"))
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A new registry with every settle metric registered (no samples yet, except
+    /// [`BUILD_INFO`] and the zero [`PARTITIONS`] and [`TIER_CHANGES`] series).
+    pub fn new() -> Self {
+        let mut b = Builder {
+            registry: Registry::new(),
+            names: Vec::new(),
+        };
+        let uploads_consumed = b.counter(
+            UPLOADS_CONSUMED,
+            "Input records applied to the partition store (uploads and dead-lettered bad records).",
+            TOPIC_PARTITION,
+        );
+        let uploads_rejected = b.counter(
+            UPLOADS_REJECTED,
+            "Input records dead-lettered, by decode failure reason (SEMANTICS §2).",
+            &["topic", "partition", "reason"],
+        );
+        let emissions = b.counter(
+            EMISSIONS,
+            "Session-ready emissions acknowledged by the broker, by trigger, tier and policy.",
+            &["trigger", "tier", "policy"],
+        );
+        let emission_uploads = b.counter(
+            EMISSION_UPLOADS,
+            "Uploads coalesced into acknowledged emissions (sum of their uploads field).",
+            &["tier", "policy"],
+        );
+        // Invariant: valid name (see `Builder::add`).
+        let coalescing_ratio = b.add(
+            Gauge::new(
+                COALESCING_RATIO,
+                "Uploads per acknowledged emission since the runtime started (0 before the first).",
+            )
+            .expect("valid metric"),
+        );
+        let publish_failures = b.counter(
+            PUBLISH_FAILURES,
+            "Publish attempts of emissions that failed and are retried, by tier.",
+            &["tier"],
+        );
+        let lateness = b.histogram(
+            EMISSION_LATENESS,
+            "Seconds between an emission's due time and its acknowledged publish (emitted_at - due_at).",
+            &["trigger"],
+            LATENESS_BUCKETS,
+        );
+        let time_to_ready = b.histogram(
+            TIME_TO_READY,
+            "Seconds between the last coalesced upload and the acknowledged publish (emitted_at - last_upload_at).",
+            &["tier"],
+            TIME_TO_READY_BUCKETS,
+        );
+        let store_write = b.histogram(
+            STORE_WRITE,
+            "Seconds to commit one partition store write batch (state, timers, outbox, offset).",
+            TOPIC_PARTITION,
+            STORE_WRITE_BUCKETS,
+        );
+        let pending_rounds = b.gauge(
+            PENDING_ROUNDS,
+            "Keys with an open round, per owned partition.",
+            TOPIC_PARTITION,
+        );
+        let outbox_size = b.gauge(
+            OUTBOX_SIZE,
+            "Owed emissions not yet acknowledged by the broker, per owned partition.",
+            TOPIC_PARTITION,
+        );
+        let consumer_lag = b.gauge(
+            CONSUMER_LAG,
+            "Records the broker holds after the last one applied, per owned partition (where the transport knows it).",
+            TOPIC_PARTITION,
+        );
+        let clock_behind = b.add(
+            GaugeVec::new(
+                Opts::new(
+                    CLOCK_BEHIND,
+                    "Seconds the partition clock is behind the wall clock (SEMANTICS §3), per owned partition.",
+                ),
+                TOPIC_PARTITION,
+            )
+            .expect("valid metric"),
+        );
+        let restore_remaining = b.gauge(
+            RESTORE_REMAINING,
+            "Changelog records still to replay before the partition processes input (0: nothing to restore).",
+            TOPIC_PARTITION,
+        );
+        let partitions = b.gauge(
+            PARTITIONS,
+            "Partitions of this process by state (starting, catching_up, live, stopping, stopped, failed).",
+            &["state"],
+        );
+        let tier_changes = b.counter(
+            TIER_CHANGES,
+            "Tier changes of tenants (SEMANTICS §5): rate_exceeded (demotion) or recovered (promotion).",
+            &["reason"],
+        );
+        let tenants_tracked = b.add(
+            IntGauge::new(
+                TENANTS_TRACKED,
+                "Tenants the tier router tracks (an emission within the last period, or demoted).",
+            )
+            .expect("valid metric"),
+        );
+        let tenants_demoted = b.add(
+            IntGauge::new(TENANTS_DEMOTED, "Tenants demoted automatically now.")
+                .expect("valid metric"),
+        );
+        let build_info = b.gauge(
+            BUILD_INFO,
+            "Always 1; the version label is the settle version running.",
+            &["version"],
+        );
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        for state in STATES {
+            partitions.with_label_values(&[state]).set(0);
+        }
+        for reason in [ChangeReason::RateExceeded, ChangeReason::Recovered] {
+            tier_changes.with_label_values(&[reason.as_str()]);
+        }
+        Metrics {
+            inner: Arc::new(Inner {
+                registry: b.registry,
+                names: b.names,
+                uploads_consumed,
+                uploads_rejected,
+                emissions,
+                emission_uploads,
+                coalescing_ratio,
+                publish_failures,
+                lateness,
+                time_to_ready,
+                store_write,
+                pending_rounds,
+                outbox_size,
+                consumer_lag,
+                clock_behind,
+                restore_remaining,
+                partitions,
+                tier_changes,
+                tenants_tracked,
+                tenants_demoted,
+                emitted: AtomicU64::new(0),
+                coalesced: AtomicU64::new(0),
+                refreshing: Mutex::new(()),
+            }),
+        }
+    }
+
+    /// The registry (to gather or encode).
+    pub fn registry(&self) -> &Registry {
+        &self.inner.registry
+    }
+
+    /// Names of every registered metric family, in registration order (histograms without
+    /// their `_bucket`, `_sum`, `_count` suffixes).
+    pub fn names(&self) -> &[String] {
+        &self.inner.names
+    }
+
+    /// The label handles of one partition task (resolved once).
+    pub fn partition(&self, topic: &str, partition: i32) -> PartitionMetrics {
+        let p = partition.to_string();
+        let labels = [topic, p.as_str()];
+        PartitionMetrics {
+            consumed: self.inner.uploads_consumed.with_label_values(&labels),
+            store_write: self.inner.store_write.with_label_values(&labels),
+            topic: topic.to_owned(),
+            partition: p,
+            metrics: self.clone(),
+        }
+    }
+
+    /// The label handles of one outbox publisher; `tiers` are the tier names in config
+    /// order (handles for other names are made when first seen).
+    pub fn publisher<'a>(&self, tiers: impl IntoIterator<Item = &'a str>) -> PublishMetrics {
+        let mut p = PublishMetrics {
+            metrics: self.clone(),
+            tiers: Vec::new(),
+            lateness: Trigger::ALL.map(|t| self.inner.lateness.with_label_values(&[t.as_str()])),
+        };
+        for tier in tiers {
+            p.tier_index(tier);
+        }
+        p
+    }
+
+    /// Sets the gauges from the runtime's status board `status`, the tier router's
+    /// `counters`, at wall-clock time `now_ms` (ms). Call before encoding a scrape.
+    /// Partitions in state `stopped` (revoked or shut down) have no per-partition gauges.
+    pub fn refresh(&self, status: &StatusMap, counters: &TierCounters, now_ms: Millis) {
+        let m = &*self.inner;
+        let _guard = m.refreshing.lock().unwrap_or_else(PoisonError::into_inner);
+        for g in [
+            &m.pending_rounds,
+            &m.outbox_size,
+            &m.consumer_lag,
+            &m.restore_remaining,
+        ] {
+            g.reset();
+        }
+        m.clock_behind.reset();
+        let mut by_state = [0_i64; STATES.len()];
+        for s in status.values() {
+            let label = s.state.as_str();
+            if let Some(i) = STATES.iter().position(|l| *l == label) {
+                by_state[i] += 1;
+            }
+            if s.state == PartitionState::Stopped {
+                continue;
+            }
+            let p = s.partition.to_string();
+            let labels = [s.topic.as_str(), p.as_str()];
+            let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+            m.pending_rounds
+                .with_label_values(&labels)
+                .set(gauge(s.pending_rounds));
+            m.outbox_size
+                .with_label_values(&labels)
+                .set(gauge(s.outbox_len));
+            m.restore_remaining.with_label_values(&labels).set(0);
+            if let Some(lag) = s.lag {
+                m.consumer_lag.with_label_values(&labels).set(gauge(lag));
+            }
+            if s.state != PartitionState::Starting {
+                let behind = now_ms.saturating_sub(s.partition_time).max(0);
+                m.clock_behind
+                    .with_label_values(&labels)
+                    .set(behind as f64 / 1000.0);
+            }
+        }
+        for (state, n) in STATES.iter().zip(by_state) {
+            m.partitions.with_label_values(&[state]).set(n);
+        }
+        for (reason, total) in [
+            (ChangeReason::RateExceeded, counters.demotions),
+            (ChangeReason::Recovered, counters.recoveries),
+        ] {
+            let c = m.tier_changes.with_label_values(&[reason.as_str()]);
+            c.inc_by(total.saturating_sub(c.get()));
+        }
+        m.tenants_tracked
+            .set(i64::try_from(counters.tenants_tracked).unwrap_or(i64::MAX));
+        m.tenants_demoted
+            .set(i64::try_from(counters.tenants_demoted).unwrap_or(i64::MAX));
+        let emitted = m.emitted.load(Ordering::Relaxed);
+        let coalesced = m.coalesced.load(Ordering::Relaxed);
+        m.coalescing_ratio.set(if emitted == 0 {
+            0.0
+        } else {
+            coalesced as f64 / emitted as f64
+        });
+    }
+
+    /// Every metric in the Prometheus text exposition format (call [`Metrics::refresh`]
+    /// first for current gauges).
+    pub fn encode(&self) -> String {
+        let families = self.inner.registry.gather();
+        // Encoding into a String fails only on a write error, which a String cannot have.
+        prometheus::TextEncoder::new()
+            .encode_to_string(&families)
+            .unwrap_or_default()
+    }
+}
+
+/// Metrics of one partition task, labels resolved once.
+#[derive(Clone, Debug)]
+pub struct PartitionMetrics {
+    consumed: IntCounter,
+    store_write: Histogram,
+    topic: String,
+    partition: String,
+    metrics: Metrics,
+}
+
+impl PartitionMetrics {
+    /// `n` input records were applied (their store batch committed).
+    pub fn consumed(&self, n: u64) {
+        self.consumed.inc_by(n);
+    }
+
+    /// One record was dead-lettered with `reason` (a `codec::DecodeError::reason` code: a
+    /// bounded set).
+    pub fn rejected(&self, reason: &str) {
+        self.metrics
+            .inner
+            .uploads_rejected
+            .with_label_values(&[self.topic.as_str(), self.partition.as_str(), reason])
+            .inc();
+    }
+
+    /// One store write batch took `elapsed` to commit.
+    pub fn store_write(&self, elapsed: Duration) {
+        self.store_write.observe(elapsed.as_secs_f64());
+    }
+}
+
+/// Handles of one tier.
+#[derive(Debug)]
+struct TierHandles {
+    name: String,
+    /// `[policy][trigger]`, made when first used.
+    emissions: [[Option<IntCounter>; 5]; 3],
+    /// `[policy]`.
+    uploads: [Option<IntCounter>; 3],
+    time_to_ready: Histogram,
+    failures: IntCounter,
+}
+
+/// Metrics of one outbox publisher (owned by its task; label handles resolved once).
+#[derive(Debug)]
+pub struct PublishMetrics {
+    metrics: Metrics,
+    tiers: Vec<TierHandles>,
+    /// By `Trigger::ALL` index.
+    lateness: [Histogram; 5],
+}
+
+fn policy_index(p: PolicyName) -> usize {
+    match p {
+        PolicyName::Fixed => 0,
+        PolicyName::LeadingTrailing => 1,
+        PolicyName::Adaptive => 2,
+    }
+}
+
+fn trigger_index(t: Trigger) -> usize {
+    match t {
+        Trigger::Leading => 0,
+        Trigger::Trailing => 1,
+        Trigger::MaxWait => 2,
+        Trigger::Complete => 3,
+        Trigger::Final => 4,
+    }
+}
+
+impl PublishMetrics {
+    fn tier_index(&mut self, tier: &str) -> usize {
+        if let Some(i) = self.tiers.iter().position(|t| t.name == tier) {
+            return i;
+        }
+        let m = &self.metrics.inner;
+        self.tiers.push(TierHandles {
+            name: tier.to_owned(),
+            emissions: Default::default(),
+            uploads: Default::default(),
+            time_to_ready: m.time_to_ready.with_label_values(&[tier]),
+            failures: m.publish_failures.with_label_values(&[tier]),
+        });
+        self.tiers.len() - 1
+    }
+
+    /// `e` was acknowledged on tier `tier`'s topic, sent at wall-clock `emitted_at` (ms).
+    pub fn published(&mut self, tier: &str, e: &Emission, emitted_at: Millis) {
+        let (p, g) = (policy_index(e.policy), trigger_index(e.trigger));
+        let i = self.tier_index(tier);
+        let inner = Arc::clone(&self.metrics.inner);
+        let h = &mut self.tiers[i];
+        h.emissions[p][g]
+            .get_or_insert_with(|| {
+                inner
+                    .emissions
+                    .with_label_values(&[e.trigger.as_str(), tier, e.policy.as_str()])
+            })
+            .inc();
+        h.uploads[p]
+            .get_or_insert_with(|| {
+                inner
+                    .emission_uploads
+                    .with_label_values(&[tier, e.policy.as_str()])
+            })
+            .inc_by(u64::from(e.uploads));
+        let seconds = |from: Millis| emitted_at.saturating_sub(from).max(0) as f64 / 1000.0;
+        h.time_to_ready.observe(seconds(e.last_upload_at));
+        self.lateness[g].observe(seconds(e.due_at));
+        inner.emitted.fetch_add(1, Ordering::Relaxed);
+        inner
+            .coalesced
+            .fetch_add(u64::from(e.uploads), Ordering::Relaxed);
+    }
+
+    /// One publish attempt on tier `tier`'s topic failed (it is retried).
+    pub fn publish_failed(&mut self, tier: &str) {
+        let i = self.tier_index(tier);
+        self.tiers[i].failures.inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::SessionKey;
+    use crate::runtime::PartitionStatus;
+
+    fn sample(text: &str, series: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    #[test]
+    fn every_family_is_registered_once_with_a_settle_name() {
+        let m = Metrics::new();
+        let mut names = m.names().to_vec();
+        assert!(names.iter().all(|n| n.starts_with("settle_")), "{names:?}");
+        let n = names.len();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), n);
+        assert_eq!(n, 19);
+    }
+
+    #[test]
+    fn handles_record_and_refresh_sets_gauges_from_the_status() {
+        let m = Metrics::new();
+        let p = m.partition("uploads", 3);
+        p.consumed(5);
+        p.rejected("invalid_json");
+        p.store_write(Duration::from_millis(2));
+        let mut publisher = m.publisher(["normal", "limited"]);
+        let e = Emission {
+            key: SessionKey::new("t", "s"),
+            generation: 1,
+            trigger: Trigger::Trailing,
+            uploads: 4,
+            first_upload_at: 1_000,
+            last_upload_at: 2_000,
+            due_at: 3_000,
+            delay_ms: 1_000,
+            policy: PolicyName::Fixed,
+            last_event_id: None,
+            attributes: None,
+        };
+        publisher.published("limited", &e, 3_500);
+        publisher.publish_failed("normal");
+        let mut status = StatusMap::new();
+        let mut s = PartitionStatus::starting("uploads", 3);
+        s.state = PartitionState::Live;
+        s.partition_time = 9_000;
+        s.pending_rounds = 7;
+        s.lag = Some(11);
+        status.insert(3, s);
+        let counters = TierCounters {
+            demotions: 2,
+            recoveries: 1,
+            ..TierCounters::default()
+        };
+        m.refresh(&status, &counters, 10_500);
+        m.refresh(&status, &counters, 10_500);
+        let text = m.encode();
+        let tp = r#"{partition="3",topic="uploads"}"#;
+        assert_eq!(sample(&text, &format!("{UPLOADS_CONSUMED}{tp}")), Some(5.0));
+        assert_eq!(
+            sample(
+                &text,
+                &format!(
+                    r#"{UPLOADS_REJECTED}{{partition="3",reason="invalid_json",topic="uploads"}}"#
+                )
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                &format!(r#"{EMISSIONS}{{policy="fixed",tier="limited",trigger="trailing"}}"#)
+            ),
+            Some(1.0)
+        );
+        assert_eq!(sample(&text, COALESCING_RATIO), Some(4.0));
+        assert_eq!(
+            sample(&text, &format!(r#"{TIME_TO_READY}_sum{{tier="limited"}}"#)),
+            Some(1.5)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                &format!(r#"{EMISSION_LATENESS}_sum{{trigger="trailing"}}"#)
+            ),
+            Some(0.5)
+        );
+        assert_eq!(
+            sample(&text, &format!(r#"{PUBLISH_FAILURES}{{tier="normal"}}"#)),
+            Some(1.0)
+        );
+        assert_eq!(sample(&text, &format!("{PENDING_ROUNDS}{tp}")), Some(7.0));
+        assert_eq!(sample(&text, &format!("{CONSUMER_LAG}{tp}")), Some(11.0));
+        assert_eq!(sample(&text, &format!("{CLOCK_BEHIND}{tp}")), Some(1.5));
+        assert_eq!(
+            sample(&text, &format!("{RESTORE_REMAINING}{tp}")),
+            Some(0.0)
+        );
+        assert_eq!(
+            sample(&text, &format!(r#"{PARTITIONS}{{state="live"}}"#)),
+            Some(1.0)
+        );
+        // Refreshing twice does not count the router's totals twice.
+        assert_eq!(
+            sample(
+                &text,
+                &format!(r#"{TIER_CHANGES}{{reason="rate_exceeded"}}"#)
+            ),
+            Some(2.0)
+        );
+        assert_eq!(
+            sample(&text, &format!(r#"{TIER_CHANGES}{{reason="recovered"}}"#)),
+            Some(1.0)
+        );
+        assert!(
+            text.contains(&format!("{STORE_WRITE}_count{tp} 1")),
+            "{text}"
+        );
+    }
+}

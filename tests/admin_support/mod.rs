@@ -1,0 +1,112 @@
+//! Helpers of the admin endpoint tests: a minimal HTTP/1.1 GET over loopback TCP (the
+//! crate has no HTTP client) and a parser of the Prometheus text format.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// `GET path` over a new connection: (status, body); `Err` when the server cannot be reached.
+pub async fn try_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_owned());
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    s.write_all(request.as_bytes()).await?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await?;
+    let text = String::from_utf8(raw).map_err(|_| bad("response not UTF-8"))?;
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| bad("not an HTTP response"))?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad("no status code"))?;
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    Ok((
+        status,
+        if chunked {
+            dechunk(body)
+        } else {
+            body.to_owned()
+        },
+    ))
+}
+
+/// [`try_get`]; panics when the server cannot be reached.
+pub async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    try_get(addr, path)
+        .await
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+}
+
+/// [`get`], the body parsed as JSON (every admin answer but `/metrics` is JSON).
+pub async fn get_json(addr: SocketAddr, path: &str) -> (u16, serde_json::Value) {
+    let (status, body) = get(addr, path).await;
+    let v = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"));
+    (status, v)
+}
+
+fn dechunk(mut rest: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).expect("chunk size");
+        if n == 0 {
+            break;
+        }
+        out.push_str(&after[..n]);
+        rest = &after[n + 2..];
+    }
+    out
+}
+
+/// One scrape, parsed: `(name, labels, value)` per sample.
+pub struct Scrape(pub Vec<(String, BTreeMap<String, String>, f64)>);
+
+impl Scrape {
+    /// Parses the Prometheus text format (label values without `,` or escapes, as settle's).
+    pub fn parse(text: &str) -> Self {
+        let mut samples = Vec::new();
+        for line in text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+        {
+            let (series, value) = line.rsplit_once(' ').expect("sample line");
+            let (name, labels) = match series.split_once('{') {
+                Some((n, l)) => (n, l.trim_end_matches('}')),
+                None => (series, ""),
+            };
+            let labels = labels
+                .split(',')
+                .filter(|kv| !kv.is_empty())
+                .map(|kv| {
+                    let (k, v) = kv.split_once('=').expect("label");
+                    (k.to_owned(), v.trim_matches('"').to_owned())
+                })
+                .collect();
+            samples.push((name.to_owned(), labels, value.parse().expect("value")));
+        }
+        Scrape(samples)
+    }
+
+    /// Sum of the samples of `name` whose labels include `with`.
+    pub fn sum(&self, name: &str, with: &[(&str, &str)]) -> f64 {
+        self.0
+            .iter()
+            .filter(|(n, l, _)| {
+                n == name && with.iter().all(|(k, v)| l.get(*k).is_some_and(|x| x == v))
+            })
+            .map(|(_, _, v)| v)
+            .sum()
+    }
+
+    /// Whether a sample of `name` with labels `with` exists.
+    pub fn has(&self, name: &str, with: &[(&str, &str)]) -> bool {
+        self.0.iter().any(|(n, l, _)| {
+            n == name && with.iter().all(|(k, v)| l.get(*k).is_some_and(|x| x == v))
+        })
+    }
+}

@@ -1,0 +1,290 @@
+//! `settle loadgen --nats` → `settle run` on NATS JetStream as real processes (issue 7):
+//!
+//! 1. a `settle run` process (`transport = "nats"` in its config) consumes while a
+//!    `settle loadgen --nats` process publishes live traffic (every scenario of the demo,
+//!    several tenants, one of them leading-trailing) and writes its trace;
+//! 2. mid-stream the `settle run` process is killed with SIGKILL and a new one is started
+//!    (`--transport nats`) on the same stores and durable consumers;
+//! 3. when the traffic is over and every round is out, the second process gets SIGTERM.
+//!
+//! Checks: the tier subject holds exactly the emissions `settle simulate` computes for the
+//! input stream read back with its JetStream timestamps (replay equals live), each emission
+//! id exactly once (re-published emissions are dropped by JetStream's duplicate window);
+//! loadgen's trace names the same messages with the same timestamps; the SIGTERM exit is
+//! clean and within the shutdown deadline, and then every consumer has nothing pending or
+//! unacked.
+//!
+//! The delays (4 s and more) are longer than any gap inside a session of the load
+//! generator's scenarios (≤ 3 s), so no upload lands within the pipeline's latency of a
+//! deadline: live and replay must then agree exactly, whatever the scheduling.
+//!
+//! Uses the server of `SETTLE_TEST_NATS`, else 127.0.0.1:4222; under CI a missing server is
+//! a failure. `SETTLE_TEST_RUN_LOG` is the `SETTLE_LOG` of the settle processes (`warn`).
+
+mod kafka_support;
+mod nats_support;
+
+use anyhow::{ensure, Context as _, Result};
+use kafka_support::{by_id, reference, same_emissions};
+use nats_support::{server, trace_of, Setup, STEP};
+use settle::config::Config;
+use settle::engine::Emission;
+use settle::transport::nats::Storage;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// `[runtime] shutdown-deadline` of the settle processes.
+const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(10);
+
+fn config_text(setup: &Setup, data_dir: &Path) -> String {
+    let n = &setup.nats;
+    format!(
+        r#"
+transport = "nats"
+
+[debounce]
+policy = "fixed"
+delay = "4s"
+[debounce.tenants.tenant-0001]
+policy = "leading-trailing"
+delay = "4s"
+[debounce.tenants.tenant-0002]
+policy = "adaptive"
+min-delay = "4s"
+max-delay = "10s"
+
+[store]
+data-dir = "{dir}"
+
+[runtime]
+shutdown-deadline = "{deadline}s"
+idle-tick = "50ms"
+
+[nats]
+servers = "{servers}"
+input-stream = "{input}"
+input-subject-prefix = "{prefix}"
+partitions = {partitions}
+consumer-prefix = "{consumers}"
+dead-letter-subject = "{dlq}"
+output-stream = "{output}"
+storage = "memory"
+
+[tiers]
+events-topic = "{events}"
+[[tiers.tier]]
+name = "normal"
+topic = "{normal}"
+[[tiers.tier]]
+name = "limited"
+topic = "{limited}"
+"#,
+        dir = data_dir.display(),
+        deadline = SHUTDOWN_DEADLINE.as_secs(),
+        servers = n.servers,
+        input = n.input_stream,
+        prefix = n.input_subject_prefix,
+        partitions = n.partitions,
+        consumers = n.consumer_prefix,
+        dlq = n.dead_letter_subject,
+        output = n.output_stream,
+        events = setup.tiers.events_topic,
+        normal = setup.tier_subject("normal"),
+        limited = setup.tier_subject("limited"),
+    )
+}
+
+fn settle() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_settle"));
+    c.env_remove("SETTLE_CONFIG")
+        .env_remove("SETTLE_TRANSPORT")
+        // Any free port: a settle (or docker compose) already on the default admin port
+        // must not make this one fail to start.
+        .env("SETTLE_ADMIN__LISTEN", "127.0.0.1:0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    c
+}
+
+fn start_run(config: &Path, extra: &[&str]) -> Result<Child> {
+    settle()
+        .args(["run", "--config"])
+        .arg(config)
+        .args(extra)
+        .env(
+            "SETTLE_LOG",
+            std::env::var("SETTLE_TEST_RUN_LOG").unwrap_or_else(|_| "warn".to_owned()),
+        )
+        .spawn()
+        .context("spawn settle run")
+}
+
+fn wait_exit(child: &mut Child, limit: Duration) -> Result<Option<ExitStatus>> {
+    let t0 = Instant::now();
+    while t0.elapsed() < limit {
+        if let Some(status) = child.try_wait()? {
+            return Ok(Some(status));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(None)
+}
+
+#[test]
+fn nats_loadgen_run_sigkill_restart_sigterm() -> Result<()> {
+    let Some(addr) = server("nats_loadgen_run_sigkill_restart_sigterm") else {
+        return Ok(());
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let setup = rt.block_on(Setup::new(&addr, "proc", Storage::Memory, 3))?;
+    let dir = tempfile::tempdir()?;
+    let config_path = dir.path().join("settle.toml");
+    std::fs::write(&config_path, config_text(&setup, &dir.path().join("data")))?;
+    let config = Config::load(Some(&config_path)).context("the test's config")?;
+    let emitted_now = || -> Result<Vec<Emission>> { rt.block_on(setup.emitted("normal", 0)) };
+
+    // settle run, then live traffic: ~12 s of the mixed scenarios over 4 tenants.
+    let mut first = start_run(&config_path, &[])?;
+    let trace_path = dir.path().join("trace.jsonl");
+    let mut gen = settle()
+        .args(["loadgen", "--nats", &setup.nats.servers, "--topic"])
+        .arg(&setup.nats.input_subject_prefix)
+        .args(["--nats-partitions", "3", "--nats-stream"])
+        .arg(&setup.nats.input_stream)
+        .args([
+            "--scenario",
+            "mix",
+            "--rate",
+            "300",
+            "--duration",
+            "12s",
+            "--tenants",
+            "4",
+            "--burst-machines",
+            "40",
+            "--seed",
+            "5",
+            "--no-progress",
+            "--trace-out",
+        ])
+        .arg(&trace_path)
+        .spawn()
+        .context("spawn settle loadgen")?;
+
+    // SIGKILL 6 s into the traffic (rounds of 4 s are out by then), while it still flows.
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(6) {
+        ensure!(
+            first.try_wait()?.is_none(),
+            "settle run exited early: {:?}",
+            first.try_wait()?
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    first.kill()?; // SIGKILL
+    first.wait()?;
+    ensure!(
+        gen.try_wait()?.is_none(),
+        "loadgen finished before the kill: make the traffic longer"
+    );
+    let at_kill = emitted_now()?.len();
+    ensure!(at_kill > 0, "nothing was emitted before the kill");
+    println!("killed settle run with SIGKILL after 6 s, {at_kill} emissions out");
+    let mut second = start_run(&config_path, &["--transport", "nats"])?;
+
+    let status = wait_exit(&mut gen, STEP)?.context("loadgen did not finish")?;
+    ensure!(status.success(), "loadgen failed: {status}");
+
+    // Every round of the input, as `settle simulate` sees it.
+    let input = rt.block_on(setup.input(1))?;
+    let want = by_id(reference(&config, &trace_of(&input)?)?);
+    ensure!(want.len() > at_kill, "too few rounds: {}", want.len());
+    // loadgen's trace names the same messages, with their JetStream timestamps.
+    let traced: BTreeSet<(i64, i64, i64)> = std::fs::read_to_string(&trace_path)?
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l)?;
+            let field = |k: &str| v[k].as_i64().with_context(|| format!("{k} in {l}"));
+            Ok((field("ts")?, field("partition")?, field("offset")?))
+        })
+        .collect::<Result<_>>()?;
+    let stored: BTreeSet<(i64, i64, i64)> = input
+        .iter()
+        .map(|r| {
+            let p = i64::from(r.partition().unwrap_or(-1));
+            (r.timestamp_ms, p, r.sequence as i64)
+        })
+        .collect();
+    ensure!(
+        traced == stored,
+        "trace ({} lines) differs from the stream ({} messages)",
+        traced.len(),
+        stored.len()
+    );
+
+    // Wait until every round is out (at most 4 s + catch-up after the last upload).
+    let t1 = Instant::now();
+    let got = loop {
+        let got = emitted_now()?;
+        let ids: BTreeSet<String> = got.iter().map(Emission::emission_id).collect();
+        if ids.len() >= want.len() {
+            break got;
+        }
+        ensure!(
+            second.try_wait()?.is_none(),
+            "the second settle run exited: {:?}",
+            second.try_wait()?
+        );
+        ensure!(
+            t1.elapsed() < STEP,
+            "{} of {} rounds out after {STEP:?}",
+            ids.len(),
+            want.len()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    };
+
+    // SIGTERM: a clean exit within the shutdown deadline, every message acked.
+    let term = Instant::now();
+    let kill = Command::new("kill")
+        .args(["-TERM", &second.id().to_string()])
+        .status()?;
+    ensure!(kill.success(), "kill -TERM failed");
+    let status = wait_exit(&mut second, SHUTDOWN_DEADLINE + Duration::from_secs(5))?;
+    let stopped_in = term.elapsed();
+    let Some(status) = status else {
+        second.kill()?;
+        anyhow::bail!("settle run still running {stopped_in:?} after SIGTERM");
+    };
+    ensure!(
+        status.success(),
+        "settle run exited with {status} on SIGTERM"
+    );
+    let floors = rt.block_on(setup.consumers_settled())?;
+
+    // Replay equals live; each emission id exactly once (JetStream de-duplication).
+    let mut count: BTreeMap<String, usize> = BTreeMap::new();
+    for e in &got {
+        *count.entry(e.emission_id()).or_default() += 1;
+    }
+    ensure!(
+        count.values().all(|&n| n == 1),
+        "emission ids published more than once: {:?}",
+        count.iter().filter(|(_, &n)| n > 1).collect::<Vec<_>>()
+    );
+    same_emissions(&by_id(got), &want)?;
+    println!(
+        "{} uploads, {} rounds, each emitted exactly once across SIGKILL + restart; SIGTERM exit in {:.2} s, ack floors {floors:?}",
+        input.len(),
+        want.len(),
+        stopped_in.as_secs_f64()
+    );
+    rt.block_on(setup.cleanup());
+    Ok(())
+}
