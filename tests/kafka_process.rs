@@ -20,16 +20,18 @@
 //! broker is a failure.
 
 mod kafka_support;
+mod process_support;
 
 use anyhow::{ensure, Context as _, Result};
 use kafka_support::{broker, by_id, emitted, now_ms, reference, same_emissions, trace_of};
+use process_support::{settle, sigterm, start_run, wait_exit, wait_for_rounds};
 use settle::config::Config;
 use settle::engine::Emission;
 use settle::loadgen;
 use settle::transport::kafka::KafkaConfig;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 /// Input partitions.
@@ -85,38 +87,6 @@ topic = "{output}"
     )
 }
 
-fn settle() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_settle"));
-    c.env_remove("SETTLE_CONFIG")
-        // Any free port: a settle (or docker compose) already on the default admin port
-        // must not make this one fail to start.
-        .env("SETTLE_ADMIN__LISTEN", "127.0.0.1:0")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
-    c
-}
-
-fn start_run(config: &Path) -> Result<Child> {
-    settle()
-        .args(["run", "--config"])
-        .arg(config)
-        .env("SETTLE_LOG", "warn")
-        .spawn()
-        .context("spawn settle run")
-}
-
-fn wait_exit(child: &mut Child, limit: Duration) -> Result<Option<ExitStatus>> {
-    let t0 = Instant::now();
-    while t0.elapsed() < limit {
-        if let Some(status) = child.try_wait()? {
-            return Ok(Some(status));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok(None)
-}
-
 /// Emissions on the output topic so far (no minimum).
 fn emitted_now(
     rt: &tokio::runtime::Runtime,
@@ -159,7 +129,7 @@ fn kafka_loadgen_run_sigkill_restart_sigterm() -> Result<()> {
     let config = Config::load(Some(&config_path)).context("the test's config")?;
 
     // settle run, then live traffic: ~12 s of the mixed scenarios over 4 tenants.
-    let mut first = start_run(&config_path)?;
+    let mut first = start_run(&config_path, &[])?;
     let mut gen = settle()
         .args(["loadgen", "--bootstrap-servers", &bootstrap, "--topic"])
         .arg(&kafka.input_topic)
@@ -200,7 +170,7 @@ fn kafka_loadgen_run_sigkill_restart_sigterm() -> Result<()> {
     let at_kill = emitted_now(&rt, &kafka, &output)?.len();
     ensure!(at_kill > 0, "nothing was emitted before the kill");
     println!("killed settle run with SIGKILL after 6 s, {at_kill} emissions out");
-    let mut second = start_run(&config_path)?;
+    let mut second = start_run(&config_path, &[])?;
 
     let status = wait_exit(&mut gen, STEP)?.context("loadgen did not finish")?;
     ensure!(status.success(), "loadgen failed: {status}");
@@ -211,46 +181,16 @@ fn kafka_loadgen_run_sigkill_restart_sigterm() -> Result<()> {
     ensure!(want.len() > at_kill, "too few rounds: {}", want.len());
 
     // Wait until every round is out (at most 4 s + catch-up after the last upload).
-    let t1 = Instant::now();
-    let got = loop {
-        let got = emitted_now(&rt, &kafka, &output)?;
-        let mut ids: BTreeMap<String, usize> = BTreeMap::new();
-        for (e, _) in &got {
-            *ids.entry(e.emission_id()).or_default() += 1;
-        }
-        if ids.len() >= want.len() {
-            break got;
-        }
-        ensure!(
-            second.try_wait()?.is_none(),
-            "the second settle run exited: {:?}",
-            second.try_wait()?
-        );
-        ensure!(
-            t1.elapsed() < STEP,
-            "{} of {} rounds out after {STEP:?}",
-            ids.len(),
-            want.len()
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    };
+    let got = wait_for_rounds(
+        &mut second,
+        want.len(),
+        STEP,
+        || emitted_now(&rt, &kafka, &output),
+        |(e, _)| e.emission_id(),
+    )?;
 
     // SIGTERM: a clean exit within the shutdown deadline, offsets committed.
-    let term = Instant::now();
-    let kill = Command::new("kill")
-        .args(["-TERM", &second.id().to_string()])
-        .status()?;
-    ensure!(kill.success(), "kill -TERM failed");
-    let status = wait_exit(&mut second, SHUTDOWN_DEADLINE + Duration::from_secs(5))?;
-    let stopped_in = term.elapsed();
-    let Some(status) = status else {
-        second.kill()?;
-        anyhow::bail!("settle run still running {stopped_in:?} after SIGTERM");
-    };
-    ensure!(
-        status.success(),
-        "settle run exited with {status} on SIGTERM"
-    );
+    let stopped_in = sigterm(&mut second, SHUTDOWN_DEADLINE)?;
     let committed = rt.block_on(loadgen::committed_offsets(
         &kafka,
         &kafka.input_topic,

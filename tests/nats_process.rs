@@ -23,16 +23,17 @@
 
 mod kafka_support;
 mod nats_support;
+mod process_support;
 
 use anyhow::{ensure, Context as _, Result};
 use kafka_support::{by_id, reference, same_emissions};
 use nats_support::{server, trace_of, Setup, STEP};
+use process_support::{settle, sigterm, start_run, wait_exit, wait_for_rounds};
 use settle::config::Config;
 use settle::engine::Emission;
 use settle::transport::nats::Storage;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 /// `[runtime] shutdown-deadline` of the settle processes.
@@ -94,43 +95,6 @@ topic = "{limited}"
         normal = setup.tier_subject("normal"),
         limited = setup.tier_subject("limited"),
     )
-}
-
-fn settle() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_settle"));
-    c.env_remove("SETTLE_CONFIG")
-        .env_remove("SETTLE_TRANSPORT")
-        // Any free port: a settle (or docker compose) already on the default admin port
-        // must not make this one fail to start.
-        .env("SETTLE_ADMIN__LISTEN", "127.0.0.1:0")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
-    c
-}
-
-fn start_run(config: &Path, extra: &[&str]) -> Result<Child> {
-    settle()
-        .args(["run", "--config"])
-        .arg(config)
-        .args(extra)
-        .env(
-            "SETTLE_LOG",
-            std::env::var("SETTLE_TEST_RUN_LOG").unwrap_or_else(|_| "warn".to_owned()),
-        )
-        .spawn()
-        .context("spawn settle run")
-}
-
-fn wait_exit(child: &mut Child, limit: Duration) -> Result<Option<ExitStatus>> {
-    let t0 = Instant::now();
-    while t0.elapsed() < limit {
-        if let Some(status) = child.try_wait()? {
-            return Ok(Some(status));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok(None)
 }
 
 #[test]
@@ -229,43 +193,16 @@ fn nats_loadgen_run_sigkill_restart_sigterm() -> Result<()> {
     );
 
     // Wait until every round is out (at most 4 s + catch-up after the last upload).
-    let t1 = Instant::now();
-    let got = loop {
-        let got = emitted_now()?;
-        let ids: BTreeSet<String> = got.iter().map(Emission::emission_id).collect();
-        if ids.len() >= want.len() {
-            break got;
-        }
-        ensure!(
-            second.try_wait()?.is_none(),
-            "the second settle run exited: {:?}",
-            second.try_wait()?
-        );
-        ensure!(
-            t1.elapsed() < STEP,
-            "{} of {} rounds out after {STEP:?}",
-            ids.len(),
-            want.len()
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    };
+    let got = wait_for_rounds(
+        &mut second,
+        want.len(),
+        STEP,
+        emitted_now,
+        Emission::emission_id,
+    )?;
 
     // SIGTERM: a clean exit within the shutdown deadline, every message acked.
-    let term = Instant::now();
-    let kill = Command::new("kill")
-        .args(["-TERM", &second.id().to_string()])
-        .status()?;
-    ensure!(kill.success(), "kill -TERM failed");
-    let status = wait_exit(&mut second, SHUTDOWN_DEADLINE + Duration::from_secs(5))?;
-    let stopped_in = term.elapsed();
-    let Some(status) = status else {
-        second.kill()?;
-        anyhow::bail!("settle run still running {stopped_in:?} after SIGTERM");
-    };
-    ensure!(
-        status.success(),
-        "settle run exited with {status} on SIGTERM"
-    );
+    let stopped_in = sigterm(&mut second, SHUTDOWN_DEADLINE)?;
     let floors = rt.block_on(setup.consumers_settled())?;
 
     // Replay equals live; each emission id exactly once (JetStream de-duplication).
