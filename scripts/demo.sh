@@ -18,4 +18,4 @@ cd "$ROOT"
 bash scripts/setup.sh
 log "building the release binary (first build compiles RocksDB and librdkafka: several minutes)"
 cargo build --release --bin settle
-exec target/release/settle demo "$@"
+exec "${CARGO_TARGET_DIR:-$ROOT/target}/release/settle" demo "$@"

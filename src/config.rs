@@ -223,7 +223,7 @@ impl Default for RuntimeConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The config file cannot be read.
-    #[error("cannot read config file {}: {source}", path.display())]
+    #[error("cannot read config file {}", path.display())]
     Read {
         /// The path given.
         path: PathBuf,

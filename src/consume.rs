@@ -26,7 +26,11 @@ pub struct ConsumeArgs {
     #[arg(long = "topic", short = 't', required = true, value_name = "TOPIC")]
     pub topics: Vec<String>,
     /// Kafka bootstrap servers (host:port, comma-separated).
-    #[arg(long, default_value = "127.0.0.1:9092", env = "SETTLE_KAFKA_BOOTSTRAP")]
+    #[arg(
+        long,
+        default_value = "127.0.0.1:9092",
+        env = "SETTLE_KAFKA__BOOTSTRAP_SERVERS"
+    )]
     pub bootstrap_servers: String,
     /// librdkafka property, KEY=VALUE (repeatable; SASL, TLS, ...).
     #[arg(short = 'X', long = "property", value_name = "KEY=VALUE", value_parser = crate::loadgen::parse_property)]
@@ -63,6 +67,38 @@ pub fn run(
     out: &mut dyn Write,
     stop: &dyn Fn() -> bool,
 ) -> anyhow::Result<ConsumeReport> {
+    let mut topics: Vec<String> = Vec::new();
+    for t in &args.topics {
+        if !topics.contains(t) {
+            topics.push(t.clone());
+        }
+    }
+    if !args.exit_at_end || topics.len() == 1 {
+        return read(args, &topics, out, stop);
+    }
+    // librdkafka's partition-EOF event names no topic: with `--exit-at-end`, read the topics
+    // one after the other, each to its end.
+    let mut report = ConsumeReport::default();
+    for topic in topics {
+        let left = ConsumeArgs {
+            max_records: args.max_records.map(|m| m.saturating_sub(report.records)),
+            ..args.clone()
+        };
+        if left.max_records == Some(0) {
+            break;
+        }
+        report.records += read(&left, &[topic], out, stop)?.records;
+    }
+    Ok(report)
+}
+
+/// Reads `topics` (distinct) as [`run`] describes.
+fn read(
+    args: &ConsumeArgs,
+    topics: &[String],
+    out: &mut dyn Write,
+    stop: &dyn Fn() -> bool,
+) -> anyhow::Result<ConsumeReport> {
     let kafka = KafkaConfig {
         bootstrap_servers: args.bootstrap_servers.clone(),
         properties: args.properties.iter().cloned().collect(),
@@ -80,7 +116,7 @@ pub fn run(
     };
     let mut tpl = TopicPartitionList::new();
     let mut partitions = 0usize;
-    for topic in &args.topics {
+    for topic in topics {
         let n = partition_count(&consumer, topic)?;
         for p in 0..n {
             tpl.add_partition_offset(topic, p, start)?;
@@ -116,13 +152,13 @@ pub fn run(
                 }
             }
             Some(Err(KafkaError::PartitionEOF(p))) => {
-                // librdkafka's EOF error names no topic; with one topic that is exact, with
-                // several a partition number counts for all of them.
-                for t in &args.topics {
+                // librdkafka's EOF error names no topic: exact with one topic, which is how
+                // `run` calls this with `--exit-at-end`.
+                for t in topics {
                     at_end.insert((t.clone(), p));
                 }
             }
-            Some(Err(e)) => return Err(anyhow!("reading {:?}: {e}", args.topics)),
+            Some(Err(e)) => return Err(anyhow!("reading {topics:?}: {e}")),
         }
     }
     match out.flush() {

@@ -260,7 +260,11 @@ pub const MAX_IN_FLIGHT: usize = 50_000;
 #[derive(Clone, Debug, clap::Args)]
 pub struct LoadgenArgs {
     /// Kafka bootstrap servers (host:port, comma-separated).
-    #[arg(long, default_value = "127.0.0.1:9092", env = "SETTLE_KAFKA_BOOTSTRAP")]
+    #[arg(
+        long,
+        default_value = "127.0.0.1:9092",
+        env = "SETTLE_KAFKA__BOOTSTRAP_SERVERS"
+    )]
     pub bootstrap_servers: String,
     /// Topic the uploads go to (settle's input topic).
     #[arg(long, default_value = "settle.uploads")]

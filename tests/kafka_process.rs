@@ -268,3 +268,60 @@ fn kafka_loadgen_run_sigkill_restart_sigterm() -> Result<()> {
     );
     Ok(())
 }
+
+/// A partition whose store cannot be opened stops the process with a non-zero exit and the
+/// reason, instead of leaving its partitions owned and idle.
+#[test]
+fn kafka_run_exits_when_a_store_cannot_open() -> Result<()> {
+    let Some(bootstrap) = broker("kafka_run_exits_when_a_store_cannot_open") else {
+        return Ok(());
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let id = format!("storefail-{}-{}", std::process::id(), now_ms());
+    let kafka = KafkaConfig {
+        bootstrap_servers: bootstrap,
+        group_id: format!("{id}-group"),
+        input_topic: format!("{id}-uploads"),
+        dead_letter_topic: format!("{id}-dlq"),
+        ..KafkaConfig::default()
+    };
+    let output = format!("{id}-ready");
+    rt.block_on(loadgen::create_topics(
+        &kafka,
+        &[
+            (&kafka.input_topic, 2),
+            (&kafka.dead_letter_topic, 1),
+            (&output, 1),
+        ],
+    ))?;
+    let dir = tempfile::tempdir()?;
+    // The data dir lies below a regular file: no store can be created there.
+    let blocker = dir.path().join("not-a-dir");
+    std::fs::write(&blocker, b"")?;
+    let config_path = dir.path().join("settle.toml");
+    std::fs::write(
+        &config_path,
+        config_text(&kafka, &output, &blocker.join("data")),
+    )?;
+    let child = settle()
+        .args(["run", "--config"])
+        .arg(&config_path)
+        .env("SETTLE_LOG", "warn")
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let out = child.wait_with_output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        !out.status.success(),
+        "settle run exited with {} though no store could open",
+        out.status
+    );
+    ensure!(
+        stderr.contains("failed") && stderr.contains("partition store"),
+        "the exit does not say why:\n{stderr}"
+    );
+    Ok(())
+}

@@ -41,6 +41,7 @@ pub mod clock;
 pub mod lookup;
 pub mod pacer;
 pub mod partition;
+pub mod progress;
 pub mod publisher;
 pub mod run_file;
 pub mod status;

@@ -1421,59 +1421,16 @@ pub async fn run_until(
         options,
     )?;
     let admin = crate::admin::AdminServer::start_for(&config.admin, &runtime).await?;
-    let progress = tokio::spawn(log_progress(runtime.status(), PROGRESS_EVERY));
+    let watch = tokio::spawn(crate::runtime::progress::watch(
+        runtime.status(),
+        shutdown.clone(),
+    ));
     let summary = runtime.run(source, shutdown).await;
-    progress.abort();
+    watch.abort();
     if let Some(admin) = admin {
         admin.stop().await;
     }
     Ok(summary?)
-}
-
-/// How often `settle run` logs its progress line (only when something changed).
-pub const PROGRESS_EVERY: Duration = Duration::from_secs(10);
-
-/// Logs one line every `every` while anything changed: owned partitions (live ones caught
-/// up), and the sums over them of records consumed, dead letters, emissions, emissions
-/// published, pending rounds and owed emissions (counters restart when a partition is
-/// re-assigned).
-async fn log_progress(status: crate::runtime::StatusBoard, every: Duration) {
-    let mut last = None;
-    let mut tick = tokio::time::interval(every);
-    tick.tick().await;
-    loop {
-        tick.tick().await;
-        let snapshot = status.snapshot();
-        let sum = |f: fn(&crate::runtime::PartitionStatus) -> u64| -> u64 {
-            snapshot.values().map(f).sum()
-        };
-        let figures = (
-            snapshot.len(),
-            snapshot.values().filter(|s| s.caught_up).count(),
-            sum(|s| s.records),
-            sum(|s| s.dead_letters),
-            sum(|s| s.emissions),
-            sum(|s| s.published),
-            sum(|s| s.pending_rounds),
-            sum(|s| s.outbox_len),
-        );
-        if last == Some(figures) {
-            continue;
-        }
-        last = Some(figures);
-        let (partitions, live, records, dead, emitted, published, pending, owed) = figures;
-        tracing::info!(
-            partitions,
-            caught_up = live,
-            consumed = records,
-            dead_lettered = dead,
-            emitted,
-            published,
-            pending_rounds = pending,
-            outbox = owed,
-            "progress"
-        );
-    }
 }
 
 /// Warns once at start about each configured topic the cluster does not have (`wanted`:

@@ -1299,9 +1299,14 @@ pub async fn run_until(
     )?;
     // Admin endpoints (`crate::admin`) until the runtime has stopped.
     let admin = crate::admin::AdminServer::start_for(&config.admin, &runtime).await?;
+    let watch = tokio::spawn(crate::runtime::progress::watch(
+        runtime.status(),
+        shutdown.clone(),
+    ));
     let summary = runtime
         .run(NatsSource::new(js, nats, tiers), shutdown)
         .await;
+    watch.abort();
     if let Some(admin) = admin {
         admin.stop().await;
     }
