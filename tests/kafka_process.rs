@@ -46,23 +46,7 @@ const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(10);
 fn config_text(kafka: &KafkaConfig, output: &str, data_dir: &Path) -> String {
     format!(
         r#"
-[debounce]
-policy = "fixed"
-delay = "4s"
-[debounce.tenants.tenant-0001]
-policy = "leading-trailing"
-delay = "4s"
-[debounce.tenants.tenant-0002]
-policy = "adaptive"
-min-delay = "4s"
-max-delay = "10s"
-
-[store]
-data-dir = "{dir}"
-
-[runtime]
-shutdown-deadline = "{deadline}s"
-idle-tick = "50ms"
+{common}
 
 [kafka]
 bootstrap-servers = "{bootstrap}"
@@ -78,8 +62,7 @@ dead-letter-topic = "{dlq}"
 name = "normal"
 topic = "{output}"
 "#,
-        dir = data_dir.display(),
-        deadline = SHUTDOWN_DEADLINE.as_secs(),
+        common = process_support::debounce_store_runtime(data_dir, SHUTDOWN_DEADLINE),
         bootstrap = kafka.bootstrap_servers,
         group = kafka.group_id,
         input = kafka.input_topic,

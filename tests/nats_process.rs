@@ -45,23 +45,7 @@ fn config_text(setup: &Setup, data_dir: &Path) -> String {
         r#"
 transport = "nats"
 
-[debounce]
-policy = "fixed"
-delay = "4s"
-[debounce.tenants.tenant-0001]
-policy = "leading-trailing"
-delay = "4s"
-[debounce.tenants.tenant-0002]
-policy = "adaptive"
-min-delay = "4s"
-max-delay = "10s"
-
-[store]
-data-dir = "{dir}"
-
-[runtime]
-shutdown-deadline = "{deadline}s"
-idle-tick = "50ms"
+{common}
 
 [nats]
 servers = "{servers}"
@@ -82,8 +66,7 @@ topic = "{normal}"
 name = "limited"
 topic = "{limited}"
 "#,
-        dir = data_dir.display(),
-        deadline = SHUTDOWN_DEADLINE.as_secs(),
+        common = process_support::debounce_store_runtime(data_dir, SHUTDOWN_DEADLINE),
         servers = n.servers,
         input = n.input_stream,
         prefix = n.input_subject_prefix,

@@ -99,3 +99,33 @@ pub fn sigterm(child: &mut Child, deadline: Duration) -> Result<Duration> {
     );
     Ok(stopped_in)
 }
+
+/// The `[debounce]`, `[store]` and `[runtime]` sections of the process tests: delays of 4 s
+/// and more (longer than any gap inside a session of the load generator's scenarios, so live
+/// and replay agree exactly), a leading-trailing and an adaptive tenant, stores in
+/// `data_dir`, `shutdown_deadline`, a 50 ms idle tick.
+pub fn debounce_store_runtime(data_dir: &Path, shutdown_deadline: Duration) -> String {
+    format!(
+        r#"
+[debounce]
+policy = "fixed"
+delay = "4s"
+[debounce.tenants.tenant-0001]
+policy = "leading-trailing"
+delay = "4s"
+[debounce.tenants.tenant-0002]
+policy = "adaptive"
+min-delay = "4s"
+max-delay = "10s"
+
+[store]
+data-dir = "{}"
+
+[runtime]
+shutdown-deadline = "{}s"
+idle-tick = "50ms"
+"#,
+        data_dir.display(),
+        shutdown_deadline.as_secs()
+    )
+}
