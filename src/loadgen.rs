@@ -409,6 +409,24 @@ impl Producer {
         let kafka = args.kafka();
         if let Some(partitions) = args.create_topic {
             create_topics(&kafka, &[(&kafka.input_topic, partitions.max(1))]).await?;
+        } else {
+            // A missing topic would only show as delivery timeouts 30 s later: say it now.
+            let check = kafka.clone();
+            let topic = kafka.input_topic.clone();
+            let found = tokio::task::spawn_blocking(move || {
+                let reader: BaseConsumer<LogContext> = check
+                    .client_config(Role::Consumer)
+                    .create_with_context(LogContext)?;
+                partition_count(&reader, &check.input_topic)
+            })
+            .await
+            .context("topic check task")?;
+            if let Err(e) = found {
+                return Err(e.context(format!(
+                    "topic {topic} is not available on {}: create it (scripts/kafka.sh up creates settle.uploads, or pass --create-topic PARTITIONS)",
+                    kafka.bootstrap_servers
+                )));
+            }
         }
         let producer = kafka
             .client_config(Role::Producer)
