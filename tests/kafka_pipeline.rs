@@ -18,15 +18,17 @@
 //! they did not run (under CI, `CI` set, they fail). Set and no broker: they fail. `SETTLE_LOG` filters the log output.
 
 mod kafka_support;
+mod running_support;
 
-use anyhow::{bail, ensure, Context as _, Result};
+use anyhow::{ensure, Context as _, Result};
 use kafka_support::{broker, by_id, emitted, now_ms, reference, same_emissions, trace_of};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use running_support::Running;
 use settle::config::Config;
 use settle::engine::{Emission, Engine, Trigger};
 use settle::loadgen::{self, OutRecord, Scenario, Shape, TopicRecord};
-use settle::runtime::{RunSummary, Runtime, RuntimeOptions, StatusBoard, StatusMap, SystemClock};
+use settle::runtime::{Runtime, RuntimeOptions, SystemClock};
 use settle::transport::kafka::{
     KafkaConfig, KafkaSink, KafkaSource, DLQ_REASON_HEADER, DLQ_SOURCE_OFFSET_HEADER,
     DLQ_SOURCE_PARTITION_HEADER, DLQ_SOURCE_TOPIC_HEADER,
@@ -34,8 +36,6 @@ use settle::transport::kafka::{
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 
 /// Input partitions of every test topic.
 const PARTITIONS: i32 = 3;
@@ -115,15 +115,8 @@ impl Setup {
             SystemClock,
             self.options(dir, catch_up_rate),
         )?;
-        let status = runtime.status();
-        let shutdown = CancellationToken::new();
         let source = KafkaSource::new(&self.kafka)?;
-        let task = tokio::spawn(runtime.run(source, shutdown.clone()));
-        Ok(Running {
-            status,
-            shutdown,
-            task,
-        })
+        Ok(Running::spawn(runtime, source, PARTITIONS, STEP))
     }
 
     /// The input topic read back (with broker timestamps) as a `simulate` trace, sorted by
@@ -162,43 +155,6 @@ impl Setup {
         loadgen::produce_all(&self.kafka, &self.kafka.input_topic, &records).await?;
         let (input, trace) = self.trace(records.len()).await?;
         Ok((records, input, trace))
-    }
-}
-
-/// A settle instance running on a tokio runtime.
-struct Running {
-    status: StatusBoard,
-    shutdown: CancellationToken,
-    task: JoinHandle<Result<RunSummary, settle::runtime::Error>>,
-}
-
-impl Running {
-    /// Waits until every input partition is caught up with nothing pending or owed.
-    async fn until_idle(&self) -> Result<StatusMap> {
-        let idle = |m: &StatusMap| {
-            m.values().any(|s| s.is_failed())
-                || (0..PARTITIONS).all(|p| m.get(&p).is_some_and(|s| s.is_idle()))
-        };
-        tokio::time::timeout(STEP, self.status.wait_for(idle))
-            .await
-            .with_context(|| format!("not idle within {STEP:?}: {:#?}", self.status.snapshot()))?;
-        let m = self.status.snapshot();
-        if let Some(s) = m.values().find(|s| s.is_failed()) {
-            bail!("partition {} failed: {:?}", s.partition, s.state);
-        }
-        Ok(m)
-    }
-
-    /// Graceful stop; fails if a partition failed.
-    async fn stop(self) -> Result<RunSummary> {
-        self.shutdown.cancel();
-        let summary = tokio::time::timeout(STEP, self.task).await???;
-        ensure!(
-            summary.failed().is_empty(),
-            "failed: {:?}",
-            summary.failed()
-        );
-        Ok(summary)
     }
 }
 

@@ -21,6 +21,7 @@
 
 mod kafka_support;
 mod nats_support;
+mod running_support;
 
 use anyhow::{ensure, Context as _, Result};
 use kafka_support::{by_id, reference, same_emissions};

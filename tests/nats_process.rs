@@ -24,6 +24,7 @@
 mod kafka_support;
 mod nats_support;
 mod process_support;
+mod running_support;
 
 use anyhow::{ensure, Context as _, Result};
 use kafka_support::{by_id, reference, same_emissions};

@@ -4,19 +4,19 @@
 //! Kafka tests' (`kafka_support`), which every NATS test file also declares.
 #![allow(dead_code)]
 
+pub use crate::running_support::Running;
+
 use crate::kafka_support::now_ms;
-use anyhow::{bail, ensure, Context as _, Result};
+use anyhow::{ensure, Context as _, Result};
 use settle::codec;
 use settle::config::Config;
 use settle::engine::{Emission, Engine};
-use settle::runtime::{RunSummary, Runtime, RuntimeOptions, StatusBoard, StatusMap, SystemClock};
+use settle::runtime::{Runtime, RuntimeOptions, SystemClock};
 use settle::tiers::{TierSpec, TiersConfig};
 use settle::transport::nats::{self, NatsConfig, NatsSink, NatsSource, Storage, StreamRecord};
 use std::net::ToSocketAddrs;
 use std::path::Path;
 use std::time::Duration;
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 
 /// Bound on one step that talks to the server or waits for the runtime.
 pub const STEP: Duration = Duration::from_secs(120);
@@ -231,55 +231,13 @@ impl Setup {
             SystemClock,
             options,
         )?;
-        let status = runtime.status();
-        let shutdown = CancellationToken::new();
         let source = NatsSource::new(js, &self.nats, &self.tiers);
-        let task = tokio::spawn(runtime.run(source, shutdown.clone()));
-        Ok(Running {
-            status,
-            shutdown,
-            task,
-            partitions: self.nats.partitions as i32,
-        })
-    }
-}
-
-/// A settle instance running in process.
-pub struct Running {
-    pub status: StatusBoard,
-    shutdown: CancellationToken,
-    task: JoinHandle<Result<RunSummary, settle::runtime::Error>>,
-    partitions: i32,
-}
-
-impl Running {
-    /// Waits until every partition is caught up with nothing pending or owed.
-    pub async fn until_idle(&self) -> Result<StatusMap> {
-        let n = self.partitions;
-        let idle = |m: &StatusMap| {
-            m.values().any(|s| s.is_failed())
-                || (0..n).all(|p| m.get(&p).is_some_and(|s| s.is_idle()))
-        };
-        tokio::time::timeout(STEP, self.status.wait_for(idle))
-            .await
-            .with_context(|| format!("not idle within {STEP:?}: {:#?}", self.status.snapshot()))?;
-        let m = self.status.snapshot();
-        if let Some(s) = m.values().find(|s| s.is_failed()) {
-            bail!("partition {} failed: {:?}", s.partition, s.state);
-        }
-        Ok(m)
-    }
-
-    /// Graceful stop; fails if a partition failed.
-    pub async fn stop(self) -> Result<RunSummary> {
-        self.shutdown.cancel();
-        let summary = tokio::time::timeout(STEP, self.task).await???;
-        ensure!(
-            summary.failed().is_empty(),
-            "failed: {:?}",
-            summary.failed()
-        );
-        Ok(summary)
+        Ok(Running::spawn(
+            runtime,
+            source,
+            self.nats.partitions as i32,
+            STEP,
+        ))
     }
 }
 
