@@ -70,6 +70,9 @@ pub struct PartitionInfo {
     pub outbox_len: u64,
     /// First timers `(due ms, key)` in firing order.
     pub next_due: Vec<(Millis, SessionKey)>,
+    /// For each of `next_due`: true when it is an open round's due time, false when it is
+    /// the session's state expiry (`state-ttl` after its last upload; nothing is emitted).
+    pub next_due_is_round: Vec<bool>,
 }
 
 /// One session found in a store.
@@ -127,6 +130,7 @@ pub fn partition_info(
     timers: usize,
 ) -> anyhow::Result<PartitionInfo> {
     let store = open(path)?;
+    let next_due = store.timers(timers)?;
     Ok(PartitionInfo {
         path: path.to_path_buf(),
         topic: topic.to_owned(),
@@ -136,7 +140,11 @@ pub fn partition_info(
         sessions: store.session_count(),
         pending_rounds: store.pending_rounds(),
         outbox_len: store.outbox_len(),
-        next_due: store.timers(timers)?,
+        next_due_is_round: next_due
+            .iter()
+            .map(|(_, key)| Ok(store.session(key)?.is_some_and(|st| st.round.is_some())))
+            .collect::<Result<_, crate::store::Error>>()?,
+        next_due,
     })
 }
 
@@ -290,7 +298,15 @@ fn print_partition(i: &PartitionInfo, out: &mut impl Write) -> std::io::Result<(
     }
     for (n, (due, key)) in i.next_due.iter().enumerate() {
         let label = if n == 0 { "next due" } else { "" };
-        writeln!(out, "  {label:<15} {}  {key}", format_rfc3339_ms(*due))?;
+        let what = match i.next_due_is_round.get(n) {
+            Some(false) => "  (state expiry)",
+            _ => "",
+        };
+        writeln!(
+            out,
+            "  {label:<15} {}  {key}{what}",
+            format_rfc3339_ms(*due)
+        )?;
     }
     Ok(())
 }

@@ -52,6 +52,18 @@ async fn inspect_reports_offsets_rounds_outbox_and_a_session() {
         "{text}"
     );
 
+    assert_eq!(info.next_due_is_round, vec![true, true]);
+
+    // Once both rounds are out, the only timers left are the sessions' state expiries.
+    f.run_until(|m| all(m, 1, |s| s.pending_rounds == 0 && s.outbox_len == 0))
+        .await;
+    let info = inspect::partition_info(topic, *p, path, 5).unwrap();
+    assert_eq!(info.next_due_is_round, vec![false, false]);
+    let mut out = Vec::new();
+    inspect::run(InspectArgs::new(dir.to_path_buf()), &mut out).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    assert!(text.contains("acme/s1  (state expiry)"), "{text}");
+
     let mut args = InspectArgs::new(dir.to_path_buf());
     args.session = Some("acme/nope".into());
     let mut out = Vec::new();
