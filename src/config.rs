@@ -253,6 +253,38 @@ pub enum ConfigError {
     },
 }
 
+/// A value of one key that cannot be used, found by a section's own validation (`[kafka]`,
+/// `[nats]`, `[tiers]`): `key` is the full dotted key (`kafka.input-topic`,
+/// `tiers.tier[1].name`, `kafka.properties."sasl.mechanisms"`), `message` says what is wrong
+/// and what is allowed. Becomes [`ConfigError::Invalid`] in [`Config::validate`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {message}")]
+pub struct KeyError {
+    /// Dotted config key.
+    pub key: String,
+    /// What is wrong and what is allowed.
+    pub message: String,
+}
+
+impl KeyError {
+    /// The error of `key`.
+    pub fn new(key: impl Into<String>, message: impl Into<String>) -> Self {
+        KeyError {
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl From<KeyError> for ConfigError {
+    fn from(e: KeyError) -> Self {
+        ConfigError::Invalid {
+            key: e.key,
+            message: e.message,
+        }
+    }
+}
+
 fn parse_message(key: &str, message: &str, origin: &str) -> String {
     match (key.is_empty(), origin.is_empty()) {
         (false, false) => format!("{key}: {message} (from {origin})"),
@@ -315,22 +347,13 @@ impl Config {
         self.debounce.validate()?;
         self.store.validate()?;
         self.runtime.validate()?;
-        self.kafka.validate().map_err(|e| ConfigError::Invalid {
-            key: e.key,
-            message: e.message,
-        })?;
+        self.kafka.validate()?;
         let nats = self.nats.validate().and_then(|()| match self.transport {
             Transport::Nats => self.nats.check_output_subjects(&self.tiers),
             Transport::Kafka => Ok(()),
         });
-        nats.map_err(|e| ConfigError::Invalid {
-            key: e.key,
-            message: e.message,
-        })?;
-        self.tiers.validate().map_err(|e| ConfigError::Invalid {
-            key: e.key,
-            message: e.message,
-        })
+        nats?;
+        Ok(self.tiers.validate()?)
     }
 
     /// The policies in engine form (ms): `[debounce]` as the default and one entry per

@@ -22,7 +22,6 @@ use crate::report::{human_ms, RunStats};
 use crate::runtime::{Clock, Runtime, RuntimeOptions, SystemClock};
 use crate::transport::memory::MemoryBroker;
 use anyhow::Context;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::{HashMap, HashSet};
@@ -197,7 +196,7 @@ pub async fn run_async(args: DemoArgs) -> anyhow::Result<DemoReport> {
     let runtime_task = tokio::spawn(runtime.run(broker.source("settle-demo"), shutdown.clone()));
 
     let plan = schedule(args.seed);
-    let bar = progress_bar(args.progress, plan.len() as u64);
+    let bar = crate::loadgen::progress_bar(args.progress, plan.len() as u64);
     let mut uploads = [0u64; SCENARIOS.len()];
     let mut sessions: [HashSet<String>; SCENARIOS.len()] = Default::default();
     let start = tokio::time::Instant::now();
@@ -273,20 +272,6 @@ pub async fn run_async(args: DemoArgs) -> anyhow::Result<DemoReport> {
         partitions: n,
         elapsed_ms: started.elapsed().as_millis() as u64,
     })
-}
-
-fn progress_bar(visible: bool, len: u64) -> ProgressBar {
-    if !visible {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
-    if let Ok(style) = ProgressStyle::with_template(
-        "{spinner} [{elapsed_precise}] [{bar:40}] {pos}/{len} uploads · {msg}",
-    ) {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar.enable_steady_tick(Duration::from_millis(100));
-    bar
 }
 
 impl fmt::Display for DemoReport {

@@ -79,18 +79,16 @@ fn emitted_now(
     rt.block_on(emitted(kafka, output, "normal", 0, STEP))
 }
 
-#[test]
-fn kafka_loadgen_run_sigkill_restart_sigterm() -> Result<()> {
-    let Some(bootstrap) = broker("kafka_loadgen_run_sigkill_restart_sigterm") else {
-        return Ok(());
-    };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let id = format!("process-{}-{}", std::process::id(), now_ms());
+/// A `[kafka]` section on fresh topics (input with [`PARTITIONS`], dead letters) and a fresh
+/// group, all named after `name`, plus the created output topic.
+fn fresh_topics(
+    rt: &tokio::runtime::Runtime,
+    bootstrap: &str,
+    name: &str,
+) -> Result<(KafkaConfig, String)> {
+    let id = format!("{name}-{}-{}", std::process::id(), now_ms());
     let kafka = KafkaConfig {
-        bootstrap_servers: bootstrap.clone(),
+        bootstrap_servers: bootstrap.to_owned(),
         group_id: format!("{id}-group"),
         input_topic: format!("{id}-uploads"),
         dead_letter_topic: format!("{id}-dlq"),
@@ -105,6 +103,19 @@ fn kafka_loadgen_run_sigkill_restart_sigterm() -> Result<()> {
             (&output, 1),
         ],
     ))?;
+    Ok((kafka, output))
+}
+
+#[test]
+fn kafka_loadgen_run_sigkill_restart_sigterm() -> Result<()> {
+    let Some(bootstrap) = broker("kafka_loadgen_run_sigkill_restart_sigterm") else {
+        return Ok(());
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let (kafka, output) = fresh_topics(&rt, &bootstrap, "process")?;
     let dir = tempfile::tempdir()?;
     let config_path: PathBuf = dir.path().join("settle.toml");
     let text = config_text(&kafka, &output, &dir.path().join("data"));
@@ -263,23 +274,7 @@ fn kafka_run_exits_when_a_store_cannot_open() -> Result<()> {
         .worker_threads(1)
         .enable_all()
         .build()?;
-    let id = format!("storefail-{}-{}", std::process::id(), now_ms());
-    let kafka = KafkaConfig {
-        bootstrap_servers: bootstrap,
-        group_id: format!("{id}-group"),
-        input_topic: format!("{id}-uploads"),
-        dead_letter_topic: format!("{id}-dlq"),
-        ..KafkaConfig::default()
-    };
-    let output = format!("{id}-ready");
-    rt.block_on(loadgen::create_topics(
-        &kafka,
-        &[
-            (&kafka.input_topic, 2),
-            (&kafka.dead_letter_topic, 1),
-            (&output, 1),
-        ],
-    ))?;
+    let (kafka, output) = fresh_topics(&rt, &bootstrap, "storefail")?;
     let dir = tempfile::tempdir()?;
     // The data dir lies below a regular file: no store can be created there.
     let blocker = dir.path().join("not-a-dir");

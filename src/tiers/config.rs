@@ -124,23 +124,7 @@ impl Default for TiersConfig {
 /// A `[tiers]` value outside its allowed range. `key` is the full dotted key
 /// (`tiers.recover-ratio`, `tiers.tier[1].name`, `tiers.pinned."bigco"`), `message` says what
 /// is allowed.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{key}: {message}")]
-pub struct ConfigError {
-    /// Dotted config key, starting with `tiers.`.
-    pub key: String,
-    /// What is wrong and what would be accepted.
-    pub message: String,
-}
-
-impl ConfigError {
-    fn new(key: impl Into<String>, message: impl Into<String>) -> Self {
-        ConfigError {
-            key: key.into(),
-            message: message.into(),
-        }
-    }
-}
+pub type ConfigError = crate::config::KeyError;
 
 impl TiersConfig {
     /// Checks every value (SEMANTICS §5). Returns the first problem found, naming its key:

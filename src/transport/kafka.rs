@@ -68,7 +68,7 @@ use super::{
     Error, InputBatch, InputRecord, PartitionInput, ReadyMessage, Sink, Source, SourceEvent,
 };
 use crate::codec::EMISSION_ID_HEADER;
-use crate::config::Config;
+use crate::config::{Config, KeyError};
 use crate::engine::Engine;
 use crate::runtime::{shutdown_on_signals, RunSummary, Runtime, RuntimeOptions, SystemClock};
 use crate::tiers::TiersConfig;
@@ -218,21 +218,7 @@ fn property_values<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, S
 
 /// A `[kafka]` value that cannot be used: `key` is the full dotted key (`kafka.input-topic`,
 /// `kafka.properties."sasl.mechanisms"`), `message` says what is wrong and what is allowed.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{key}: {message}")]
-pub struct KafkaConfigError {
-    /// Dotted config key, starting with `kafka.`.
-    pub key: String,
-    /// What is wrong and what is allowed.
-    pub message: String,
-}
-
-fn config_error(key: impl Into<String>, message: impl Into<String>) -> KafkaConfigError {
-    KafkaConfigError {
-        key: key.into(),
-        message: message.into(),
-    }
-}
+pub type KafkaConfigError = crate::config::KeyError;
 
 /// Kafka's topic name rule: 1–249 bytes of `[A-Za-z0-9._-]`, not `.` or `..`.
 fn check_topic(key: &str, topic: &str) -> Result<(), KafkaConfigError> {
@@ -240,7 +226,7 @@ fn check_topic(key: &str, topic: &str) -> Result<(), KafkaConfigError> {
         .bytes()
         .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
     if topic.is_empty() || topic.len() > 249 || !ok_chars || topic == "." || topic == ".." {
-        return Err(config_error(
+        return Err(KeyError::new(
             key,
             format!(
                 "invalid topic name {topic:?}: 1-249 bytes of [A-Za-z0-9._-], not \".\" or \"..\""
@@ -267,25 +253,25 @@ impl KafkaConfig {
     /// Errors: [`KafkaConfigError`] for the first bad key.
     pub fn validate(&self) -> Result<(), KafkaConfigError> {
         if self.bootstrap_servers.trim().is_empty() {
-            return Err(config_error(
+            return Err(KeyError::new(
                 "kafka.bootstrap-servers",
                 "must list at least one host:port",
             ));
         }
         if self.group_id.trim().is_empty() {
-            return Err(config_error("kafka.group-id", "must not be empty"));
+            return Err(KeyError::new("kafka.group-id", "must not be empty"));
         }
         check_topic("kafka.input-topic", &self.input_topic)?;
         check_topic("kafka.dead-letter-topic", &self.dead_letter_topic)?;
         if self.input_topic == self.dead_letter_topic {
-            return Err(config_error(
+            return Err(KeyError::new(
                 "kafka.dead-letter-topic",
                 "must differ from kafka.input-topic",
             ));
         }
         for key in self.properties.keys() {
             if let Some((_, why)) = MANAGED_PROPERTIES.iter().find(|(k, _)| k == key) {
-                return Err(config_error(
+                return Err(KeyError::new(
                     format!("kafka.properties.{key:?}"),
                     format!("managed by settle: {why}"),
                 ));
@@ -346,11 +332,11 @@ fn librdkafka_log_level() -> RDKafkaLogLevel {
 /// be a secret).
 fn property_error(e: &KafkaError) -> KafkaConfigError {
     match e {
-        KafkaError::ClientConfig(_, description, key, _) => config_error(
+        KafkaError::ClientConfig(_, description, key, _) => KeyError::new(
             format!("kafka.properties.{key:?}"),
             format!("rejected by librdkafka: {description}"),
         ),
-        other => config_error(
+        other => KeyError::new(
             "kafka.properties",
             format!("rejected by librdkafka: {other}"),
         ),

@@ -83,7 +83,7 @@ use super::{
     Error, InputBatch, InputRecord, PartitionInput, ReadyMessage, Sink, Source, SourceEvent,
 };
 use crate::codec::EMISSION_ID_HEADER;
-use crate::config::Config;
+use crate::config::{Config, KeyError};
 use crate::engine::Engine;
 use crate::runtime::{shutdown_on_signals, RunSummary, Runtime, RuntimeOptions, SystemClock};
 use crate::tiers::TiersConfig;
@@ -267,21 +267,7 @@ impl Default for NatsConfig {
 
 /// A `[nats]` value that cannot be used: `key` is the full dotted key (`nats.partitions`),
 /// `message` says what is wrong and what is allowed.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{key}: {message}")]
-pub struct NatsConfigError {
-    /// Dotted config key, starting with `nats.` (or `tiers.` for a tier subject).
-    pub key: String,
-    /// What is wrong and what is allowed.
-    pub message: String,
-}
-
-fn config_error(key: impl Into<String>, message: impl Into<String>) -> NatsConfigError {
-    NatsConfigError {
-        key: key.into(),
-        message: message.into(),
-    }
-}
+pub type NatsConfigError = crate::config::KeyError;
 
 /// A subject settle publishes to or derives from: dot-separated tokens of printable ASCII
 /// without whitespace or wildcards, no empty token, at most 255 bytes.
@@ -296,7 +282,7 @@ fn check_subject(key: &str, subject: &str) -> Result<(), NatsConfigError> {
                     .all(|b| b.is_ascii_graphic() && b != b'*' && b != b'>')
         });
     if !ok {
-        return Err(config_error(
+        return Err(KeyError::new(
             key,
             format!(
                 "invalid NATS subject {subject:?}: dot-separated non-empty tokens of printable \
@@ -315,7 +301,7 @@ fn check_name(key: &str, name: &str) -> Result<(), NatsConfigError> {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
     if !ok {
-        return Err(config_error(
+        return Err(KeyError::new(
             key,
             format!("invalid name {name:?}: 1-200 bytes of [A-Za-z0-9_-]"),
         ));
@@ -325,7 +311,7 @@ fn check_name(key: &str, name: &str) -> Result<(), NatsConfigError> {
 
 fn check_range(key: &str, v: u64, min: u64, max: u64) -> Result<(), NatsConfigError> {
     if v < min || v > max {
-        return Err(config_error(
+        return Err(KeyError::new(
             key,
             format!("must be {min} to {max}, got {v}"),
         ));
@@ -335,7 +321,7 @@ fn check_range(key: &str, v: u64, min: u64, max: u64) -> Result<(), NatsConfigEr
 
 fn check_span(key: &str, d: Duration, min: Duration, max: Duration) -> Result<(), NatsConfigError> {
     if d < min || d > max {
-        return Err(config_error(
+        return Err(KeyError::new(
             key,
             format!(
                 "must be {} to {}, got \"{}\"",
@@ -356,24 +342,24 @@ impl NatsConfig {
     pub fn validate(&self) -> Result<(), NatsConfigError> {
         let servers = self.server_list();
         if servers.is_empty() {
-            return Err(config_error(
+            return Err(KeyError::new(
                 "nats.servers",
                 "must list at least one server URL",
             ));
         }
         for s in &servers {
             s.parse::<async_nats::ServerAddr>().map_err(|e| {
-                config_error("nats.servers", format!("invalid server URL {s:?}: {e}"))
+                KeyError::new("nats.servers", format!("invalid server URL {s:?}: {e}"))
             })?;
         }
         if self.user.is_some() != self.password.is_some() {
-            return Err(config_error(
+            return Err(KeyError::new(
                 "nats.password",
                 "nats.user and nats.password go together",
             ));
         }
         if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
-            return Err(config_error(
+            return Err(KeyError::new(
                 "nats.tls-key-file",
                 "nats.tls-cert-file and nats.tls-key-file go together",
             ));
@@ -381,7 +367,7 @@ impl NatsConfig {
         check_name("nats.input-stream", &self.input_stream)?;
         check_name("nats.output-stream", &self.output_stream)?;
         if self.input_stream == self.output_stream {
-            return Err(config_error(
+            return Err(KeyError::new(
                 "nats.output-stream",
                 "must differ from nats.input-stream",
             ));
@@ -389,7 +375,7 @@ impl NatsConfig {
         check_subject("nats.input-subject-prefix", &self.input_subject_prefix)?;
         check_subject("nats.dead-letter-subject", &self.dead_letter_subject)?;
         if subject_matches(&self.input_pattern(), &self.dead_letter_subject) {
-            return Err(config_error(
+            return Err(KeyError::new(
                 "nats.dead-letter-subject",
                 format!(
                     "must not be an input subject ({}.*)",
@@ -409,7 +395,7 @@ impl NatsConfig {
             self.partitions.into(),
         )?;
         if self.instance >= self.instances {
-            return Err(config_error(
+            return Err(KeyError::new(
                 "nats.instance",
                 format!(
                     "must be 0 to {} (nats.instances - 1), got {}",
@@ -460,7 +446,7 @@ impl NatsConfig {
         for (key, subject) in &named {
             check_subject(key, subject)?;
             if subject_matches(&self.input_pattern(), subject) {
-                return Err(config_error(
+                return Err(KeyError::new(
                     key.clone(),
                     format!(
                         "{subject:?} is an input subject ({}.*): output subjects must be apart",
@@ -469,7 +455,7 @@ impl NatsConfig {
                 ));
             }
             if *subject == self.dead_letter_subject {
-                return Err(config_error(
+                return Err(KeyError::new(
                     "nats.dead-letter-subject",
                     format!("{subject:?} is also {key}"),
                 ));
