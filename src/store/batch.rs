@@ -24,9 +24,10 @@ use super::keys::{
     META_OUTBOX_LEN, META_OUTBOX_NEXT_SEQ, META_PARTITION_TIME, META_SESSIONS, META_TIMER_FLOOR,
     TIMER_FLOOR_END,
 };
+use super::changelog::{Writes, META_CHANGELOG_DIRTY};
 use super::{cf, StoreState};
 use crate::engine::{Emission, Millis, SessionKey, SessionState, SessionTable};
-use rocksdb::{DBRawIterator, WriteBatch, DB};
+use rocksdb::{DBRawIterator, DB};
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::hash_map::Entry;
 use std::collections::BTreeSet;
@@ -131,14 +132,22 @@ impl<'s> Batch<'s> {
         self.iter = None;
         let db = self.db;
         let meta = &self.state.meta;
-        let mut wb = WriteBatch::default();
+        let mut recorded = Vec::new();
+        let mut w = Writes::new(db, self.state.recording.then_some(&mut recorded));
+
+        // Changelog order (see `store::changelog`): outbox, then sessions and timers, then
+        // meta. Every column family's writes go in in key order: RocksDB inserts them into
+        // its memtable (a skip list) starting from where the previous insert ended, which is
+        // far cheaper for ascending keys than for the hash order of `slots` and
+        // `timer_dels`. (The order of distinct keys in a write batch changes nothing of what
+        // is stored.)
+        let next_seq = meta.next_seq + self.outbox.len() as u64;
+        let outbox_len = meta.outbox_len + self.outbox.len() as u64;
+        for (i, value) in self.outbox.iter().enumerate() {
+            w.put(CF_OUTBOX, &keys::outbox_key(meta.next_seq + i as u64), value);
+        }
 
         let (mut sessions, mut open_rounds) = (meta.sessions as i64, meta.open_rounds as i64);
-        let sessions_cf = cf(db, CF_SESSIONS);
-        // Every column family's writes go in in key order: RocksDB inserts them into its
-        // memtable (a skip list) starting from where the previous insert ended, which is far
-        // cheaper for ascending keys than for the hash order of `slots` and `timer_dels`.
-        // (The order of distinct keys in a write batch changes nothing of what is stored.)
         let mut dirty: Vec<(&SessionKey, &Slot)> =
             self.slots.iter().filter(|(_, s)| s.dirty).collect();
         dirty.sort_unstable_by(|a, b| a.0.cmp(b.0));
@@ -152,38 +161,29 @@ impl<'s> Batch<'s> {
                     sessions += 1;
                     open_rounds += i64::from(s.round.is_some());
                     buf = keys::encode_state_into(s, buf)?;
-                    wb.put_cf(sessions_cf, key.as_str(), &buf);
+                    w.put(CF_SESSIONS, key.as_str().as_bytes(), &buf);
                 }
-                None => wb.delete_cf(sessions_cf, key.as_str()),
+                None => w.delete(CF_SESSIONS, key.as_str().as_bytes()),
             }
         }
         let (sessions, open_rounds) = (sessions.max(0) as u64, open_rounds.max(0) as u64);
 
-        let timers_cf = cf(db, CF_TIMERS);
         let mut timer_dels: Vec<&Vec<u8>> = self.timer_dels.iter().collect();
         timer_dels.sort_unstable();
         for k in timer_dels {
-            wb.delete_cf(timers_cf, k);
+            w.delete(CF_TIMERS, k);
         }
         for k in &self.timer_puts {
-            wb.put_cf(timers_cf, k, []);
+            w.put(CF_TIMERS, k, &[]);
         }
         let floor = match self.timer_puts.first() {
             Some(first) if *first < self.floor => first.clone(),
             _ => std::mem::take(&mut self.floor),
         };
 
-        let outbox_cf = cf(db, CF_OUTBOX);
-        let next_seq = meta.next_seq + self.outbox.len() as u64;
-        let outbox_len = meta.outbox_len + self.outbox.len() as u64;
-        for (i, value) in self.outbox.iter().enumerate() {
-            wb.put_cf(outbox_cf, keys::outbox_key(meta.next_seq + i as u64), value);
-        }
-
-        let meta_cf = cf(db, CF_META);
         let mut put_u64 = |key: &[u8], old: u64, new: u64| {
             if old != new {
-                wb.put_cf(meta_cf, key, new.to_be_bytes());
+                w.put(CF_META, key, &new.to_be_bytes());
             }
         };
         put_u64(META_OUTBOX_NEXT_SEQ, meta.next_seq, next_seq);
@@ -191,23 +191,29 @@ impl<'s> Batch<'s> {
         put_u64(META_SESSIONS, meta.sessions, sessions);
         put_u64(META_OPEN_ROUNDS, meta.open_rounds, open_rounds);
         if let Some(o) = self.offset {
-            wb.put_cf(meta_cf, META_OFFSET, o.to_be_bytes());
+            w.put(CF_META, META_OFFSET, &o.to_be_bytes());
         }
         if let Some(t) = self.partition_time {
-            wb.put_cf(meta_cf, META_PARTITION_TIME, t.to_be_bytes());
+            w.put(CF_META, META_PARTITION_TIME, &t.to_be_bytes());
         }
         if floor != meta.timer_floor {
-            wb.put_cf(meta_cf, META_TIMER_FLOOR, &floor);
+            w.put(CF_META, META_TIMER_FLOOR, &floor);
+        }
+        let mark_dirty = self.state.recording && !self.state.changelog_dirty;
+        if mark_dirty {
+            w.put_local(META_CHANGELOG_DIRTY, &1u64.to_be_bytes());
         }
 
         if self.state.fail_commits > 0 {
             self.state.fail_commits -= 1;
             return Err(Error::InjectedFault);
         }
-        db.write_opt(wb, &self.state.write_opts)
-            .map_err(Error::Write)?;
+        w.write(&self.state.write_opts)?;
 
-        let meta = &mut self.state.meta;
+        let state = &mut *self.state;
+        state.changes.append(&mut recorded);
+        state.changelog_dirty |= mark_dirty;
+        let meta = &mut state.meta;
         meta.next_seq = next_seq;
         meta.outbox_len = outbox_len;
         meta.sessions = sessions;

@@ -53,11 +53,13 @@
 //! The outbox does the same with `outbox_head`.
 
 mod batch;
+pub mod changelog;
 mod error;
 mod keys;
 mod options;
 
 pub use batch::Batch;
+pub use changelog::{changelog_key, split_changelog_key, Change};
 pub use error::Error;
 pub use keys::{decode_due, decode_timer_key, encode_due, outbox_key, timer_key, FORMAT_VERSION};
 pub use options::{MemoryBudget, StoreOptions};
@@ -103,6 +105,14 @@ pub(crate) struct StoreState {
     write_opts: WriteOptions,
     meta: Meta,
     fail_commits: u32,
+    /// Writes are recorded as [`Change`]s for the changelog ([`PartitionStore::record_changes`]).
+    recording: bool,
+    /// Recorded changes not yet taken ([`PartitionStore::take_changes`]), in write order.
+    changes: Vec<Change>,
+    /// Local-only `changelog_dirty`, mirrored.
+    changelog_dirty: bool,
+    /// Local-only `changelog_next`, mirrored.
+    changelog_next: Option<i64>,
 }
 
 /// The RocksDB store of one partition (see the module docs for layout and invariants).
@@ -203,8 +213,19 @@ impl PartitionStore {
                 write_opts: options::write_options(options),
                 meta: Meta::default(),
                 fail_commits: 0,
+                recording: false,
+                changes: Vec::new(),
+                changelog_dirty: false,
+                changelog_next: None,
             },
         };
+        store.load_meta()?;
+        Ok(store)
+    }
+
+    /// Reads the committed `meta` values into memory (at open and after a restore).
+    fn load_meta(&mut self) -> Result<(), Error> {
+        let store = self;
         let as_i64 = |v: Option<u64>| v.map(|v| v as i64);
         let meta = Meta {
             offset: as_i64(store.meta_u64(META_OFFSET)?),
@@ -217,7 +238,10 @@ impl PartitionStore {
             timer_floor: store.meta_raw(META_TIMER_FLOOR)?.unwrap_or_default(),
         };
         store.state.meta = meta;
-        Ok(store)
+        store.state.changelog_dirty = store.meta_u64(changelog::META_CHANGELOG_DIRTY)? == Some(1);
+        store.state.changelog_next =
+            as_i64(store.meta_u64(changelog::META_CHANGELOG_NEXT)?);
+        Ok(())
     }
 
     fn check_version(&self) -> Result<(), Error> {
@@ -360,7 +384,6 @@ impl PartitionStore {
     /// Errors: [`Error::Read`], [`Error::Write`].
     pub fn outbox_ack(&mut self, seqs: &[u64]) -> Result<usize, Error> {
         let outbox = cf(&self.db, CF_OUTBOX);
-        let mut wb = WriteBatch::default();
         let mut acked = std::collections::BTreeSet::new();
         // Which of them are still owed: one batched lookup of the distinct keys in key order.
         let mut wanted = seqs.to_vec();
@@ -368,7 +391,7 @@ impl PartitionStore {
         wanted.dedup();
         let wanted_keys: Vec<[u8; 8]> = wanted.iter().map(|&s| keys::outbox_key(s)).collect();
         let found = self.db.batched_multi_get_cf(outbox, &wanted_keys, true);
-        for ((&seq, k), value) in wanted.iter().zip(&wanted_keys).zip(found) {
+        for ((&seq, _), value) in wanted.iter().zip(&wanted_keys).zip(found) {
             let present = value
                 .map_err(|source| Error::Read {
                     cf: CF_OUTBOX,
@@ -377,7 +400,6 @@ impl PartitionStore {
                 .is_some();
             if present {
                 acked.insert(seq);
-                wb.delete_cf(outbox, k);
             }
         }
         let deleted = acked.len();
@@ -388,14 +410,23 @@ impl PartitionStore {
         // reads never walk the tombstones of acknowledged entries.
         let head = self.outbox_first_live(&acked)?;
         let len = self.state.meta.outbox_len.saturating_sub(deleted as u64);
-        let meta_cf = cf(&self.db, CF_META);
-        wb.put_cf(meta_cf, META_OUTBOX_LEN, len.to_be_bytes());
-        wb.put_cf(meta_cf, META_OUTBOX_HEAD, head.to_be_bytes());
-        self.db
-            .write_opt(wb, &self.state.write_opts)
-            .map_err(Error::Write)?;
-        self.state.meta.outbox_len = len;
-        self.state.meta.outbox_head = head;
+        let state = &mut self.state;
+        let mut recorded = Vec::new();
+        let mut w = changelog::Writes::new(&self.db, state.recording.then_some(&mut recorded));
+        for &seq in &acked {
+            w.delete(CF_OUTBOX, &keys::outbox_key(seq));
+        }
+        w.put(CF_META, META_OUTBOX_LEN, &len.to_be_bytes());
+        w.put(CF_META, META_OUTBOX_HEAD, &head.to_be_bytes());
+        let mark_dirty = state.recording && !state.changelog_dirty;
+        if mark_dirty {
+            w.put_local(changelog::META_CHANGELOG_DIRTY, &1u64.to_be_bytes());
+        }
+        w.write(&state.write_opts)?;
+        state.changes.append(&mut recorded);
+        state.changelog_dirty |= mark_dirty;
+        state.meta.outbox_len = len;
+        state.meta.outbox_head = head;
         Ok(deleted)
     }
 
@@ -429,6 +460,134 @@ impl PartitionStore {
         self.db
             .flush_cfs_opt(&cfs, &rocksdb::FlushOptions::default())
             .map_err(Error::Write)
+    }
+
+    /// Starts (or stops) recording every write as a [`Change`] for the changelog (see
+    /// [`changelog`]). While recording, the first write after the store was in sync also
+    /// marks it dirty (local `changelog_dirty`), in the same RocksDB write.
+    pub fn record_changes(&mut self, on: bool) {
+        self.state.recording = on;
+    }
+
+    /// The changes recorded since the last call, in write order (empty when not recording).
+    /// The caller appends them to the changelog and, once the changelog acknowledged them
+    /// and nothing newer was written, calls [`PartitionStore::changelog_synced`].
+    pub fn take_changes(&mut self) -> Vec<Change> {
+        std::mem::take(&mut self.state.changes)
+    }
+
+    /// Recorded changes not taken yet.
+    pub fn pending_changes(&self) -> usize {
+        self.state.changes.len()
+    }
+
+    /// The checkpoint: the changelog offset a restore continues from (every changelog record
+    /// below it is in this store). `None`: never restored nor synced.
+    pub fn changelog_checkpoint(&self) -> Option<i64> {
+        self.state.changelog_next
+    }
+
+    /// True while the store holds writes not known to be in the changelog (set by the first
+    /// write after a sync, cleared by [`PartitionStore::changelog_synced`]). A dirty store
+    /// after a crash does not match any changelog prefix: the runtime wipes and restores it.
+    pub fn changelog_dirty(&self) -> bool {
+        self.state.changelog_dirty
+    }
+
+    /// Records that every write of this store is in the changelog below offset `next` (the
+    /// offset after the last acknowledged record): stores the checkpoint and clears the dirty
+    /// flag, in one local write. Call only when [`PartitionStore::pending_changes`] is 0 and
+    /// every taken change was acknowledged.
+    ///
+    /// Errors: [`Error::Write`].
+    pub fn changelog_synced(&mut self, next: i64) -> Result<(), Error> {
+        debug_assert!(self.state.changes.is_empty());
+        let mut w = changelog::Writes::new(&self.db, None);
+        w.put_local(changelog::META_CHANGELOG_NEXT, &next.to_be_bytes());
+        w.put_local(changelog::META_CHANGELOG_DIRTY, &0u64.to_be_bytes());
+        w.write(&self.state.write_opts)?;
+        self.state.changelog_next = Some(next);
+        self.state.changelog_dirty = false;
+        Ok(())
+    }
+
+    /// True when the store holds nothing: no input offset, no key, no outbox entry ever.
+    pub fn is_empty(&self) -> bool {
+        let m = &self.state.meta;
+        m.offset.is_none() && m.sessions == 0 && m.next_seq == 0 && m.partition_time.is_none()
+    }
+
+    /// Applies changelog records `(changelog offset, change)` in one RocksDB write and moves
+    /// the checkpoint past the last one (the store stays clean: it equals the changelog below
+    /// the checkpoint). Records must come in changelog order; a restore applies the
+    /// changelog in chunks. Reloads the in-memory `meta` afterwards. Returns the number of
+    /// records applied.
+    ///
+    /// Errors: [`Error::Corrupt`] for a key that names no column family of this layout or a
+    /// local-only key (see [`split_changelog_key`]); nothing of the chunk is stored then.
+    /// [`Error::Write`], [`Error::Read`].
+    pub fn restore<'c>(
+        &mut self,
+        records: impl IntoIterator<Item = (i64, &'c Change)>,
+    ) -> Result<usize, Error> {
+        let mut w = changelog::Writes::new(&self.db, None);
+        let mut last = None;
+        let mut n = 0;
+        for (offset, change) in records {
+            let (cf_name, key) = split_changelog_key(&change.key)?;
+            let handle = cf(&self.db, cf_name);
+            match &change.value {
+                Some(v) => w.wb.put_cf(handle, key, v),
+                None => w.wb.delete_cf(handle, key),
+            }
+            last = Some(offset);
+            n += 1;
+        }
+        let Some(last) = last else { return Ok(0) };
+        w.put_local(changelog::META_CHANGELOG_NEXT, &(last + 1).to_be_bytes());
+        w.put_local(changelog::META_CHANGELOG_DIRTY, &0u64.to_be_bytes());
+        w.write(&self.state.write_opts)?;
+        self.load_meta()?;
+        self.check_version()?;
+        Ok(n)
+    }
+
+    /// Every record of the store as a change (all column families, local-only `meta` keys
+    /// left out), for seeding an empty changelog from a store that predates it.
+    ///
+    /// Errors: [`Error::Read`].
+    pub fn snapshot_changes(&self) -> Result<Vec<Change>, Error> {
+        let mut out = Vec::new();
+        for name in COLUMN_FAMILIES {
+            let mut it = self.db.raw_iterator_cf(cf(&self.db, name));
+            it.seek_to_first();
+            while let (Some(k), Some(v)) = (it.key(), it.value()) {
+                if !(name == CF_META && changelog::is_local_meta(k)) {
+                    out.push(Change {
+                        key: changelog_key(name, k),
+                        value: Some(v.to_vec()),
+                    });
+                }
+                it.next();
+            }
+            it.status().map_err(|source| Error::Read { cf: name, source })?;
+        }
+        Ok(out)
+    }
+
+    /// Deletes the store at `path` (all its files; nothing if it does not exist). The store
+    /// must be closed (dropped). Used to wipe a dirty store before a full restore.
+    ///
+    /// Errors: [`Error::Open`] when the files cannot be removed.
+    pub fn destroy(path: &Path) -> Result<(), Error> {
+        match std::fs::remove_dir_all(path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::Open {
+                path: path.to_path_buf(),
+                reason: format!("cannot remove the store: {e}"),
+            }),
+        }
     }
 
     /// Fault injection for tests and crash drills: the next `count` commits fail with
