@@ -2,7 +2,8 @@
 //!
 //! The trace mixes the seed's shapes: 700-way parallel bursts into one session, slow
 //! trickles, split uploads in two requests and sparse senders, over 200 tenants, all three
-//! policies (per-tenant overrides). Run: `cargo bench --bench engine`.
+//! policies (per-tenant overrides); once as configured, once with learned initial delays for
+//! the adaptive tenants. Run: `cargo bench --bench engine`.
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use settle::engine::{
@@ -71,22 +72,44 @@ fn policies() -> PolicyTable {
     table
 }
 
+/// [`policies`] with learned initial delays for the `adaptive` tenants (the default).
+fn policies_learning() -> PolicyTable {
+    let mut table = policies();
+    table.default = table.default.with_learned_initial_delay(true);
+    table
+}
+
 fn bench_engine(c: &mut Criterion) {
     let trace = mixed_trace(200_000);
     let mut group = c.benchmark_group("engine");
     group.throughput(Throughput::Elements(trace.len() as u64));
     group.sample_size(20);
-    group.bench_function("mixed_trace_driver_memtable", |b| {
+    for (name, table) in [
+        ("mixed_trace_driver_memtable", policies()),
+        ("mixed_trace_driver_memtable_learning", policies_learning()),
+    ] {
+        bench_trace(&mut group, name, &trace, table);
+    }
+    group.finish();
+}
+
+fn bench_trace(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    trace: &[Upload],
+    table: PolicyTable,
+) {
+    group.bench_function(name, |b| {
         b.iter_batched(
             || {
                 (
-                    Driver::new(Engine::new(policies())),
+                    Driver::new(Engine::new(table.clone())),
                     MemTable::new(),
                     Vec::with_capacity(1 << 16),
                 )
             },
             |(mut driver, mut table, mut out)| {
-                for u in &trace {
+                for u in trace {
                     driver
                         .apply(&mut table, u.event_time, u, &mut out)
                         .expect("in-memory table cannot fail");
@@ -99,7 +122,6 @@ fn bench_engine(c: &mut Criterion) {
             BatchSize::LargeInput,
         )
     });
-    group.finish();
 }
 
 criterion_group!(benches, bench_engine);

@@ -2,12 +2,13 @@
 # A local Kafka-compatible broker for tests and demos: tansu (crates.io), in-memory storage.
 #
 #   scripts/kafka.sh up                           install, start, wait, and create settle's default
-#                                                 topics (settle.uploads:8, the tier topics,
+#                                                 topics (settle.uploads:8, settle.changelog:8, the tier topics,
 #                                                 settle.tier-events, settle.dead-letter)
 #   scripts/kafka.sh install                      cargo install tansu, unless it is already there
 #   scripts/kafka.sh start                        start a broker in the background (idempotent)
 #   scripts/kafka.sh wait                         wait until the broker answers a Metadata request
-#   scripts/kafka.sh create-topics NAME[:N] ...   create topics with N partitions (default 3)
+#   scripts/kafka.sh create-topics NAME[:N[:compact]] ...   create topics with N partitions
+#                                                 (default 3), compacted with ':compact'
 #   scripts/kafka.sh status                       exit 0 when a broker answers, print what it says
 #   scripts/kafka.sh stop                         stop the broker that 'start' started (only that)
 #
@@ -137,13 +138,18 @@ cmd_create_topics() {
     for spec in "$@"; do
         name="${spec%%:*}"
         parts=3
+        config=()
         [ "$spec" = "$name" ] || parts="${spec#*:}"
-        [[ "$parts" =~ ^[1-9][0-9]*$ ]] || die "bad partition count in '$spec' (want NAME or NAME:N, N >= 1)"
+        if [[ "$parts" == *:compact ]]; then
+            parts="${parts%:compact}"
+            config=(--config cleanup.policy=compact)
+        fi
+        [[ "$parts" =~ ^[1-9][0-9]*$ ]] || die "bad partition count in '$spec' (want NAME, NAME:N or NAME:N:compact, N >= 1)"
         if grep -qx "topic $name partitions [0-9]*" <<<"$listing"; then
             log "topic $name exists: $(grep -x "topic $name partitions [0-9]*" <<<"$listing")"
             continue
         fi
-        if ! out="$("$bin" topic create "$name" --partitions "$parts" --broker "tcp://$HOST:$PORT" 2>&1)" &&
+        if ! out="$("$bin" topic create "$name" --partitions "$parts" "${config[@]}" --broker "tcp://$HOST:$PORT" 2>&1)" &&
             ! grep -q "already exists" <<<"$out"; then
             printf '%s\n' "$out" >&2
             die "could not create topic $name"
@@ -170,8 +176,9 @@ cmd_status() {
 }
 
 # settle's default topics (config/settle.toml): input with 8 partitions (how far settle can
-# scale out), one partition for each output and the dead letters.
-DEFAULT_TOPICS=(settle.uploads:8 settle.ready.normal:1 settle.ready.limited:1 settle.tier-events:1 settle.dead-letter:1)
+# scale out), the changelog with the same 8 (compacted), one partition for each output and
+# the dead letters.
+DEFAULT_TOPICS=(settle.uploads:8 settle.changelog:8:compact settle.ready.normal:1 settle.ready.limited:1 settle.tier-events:1 settle.dead-letter:1)
 
 case "${1:-}" in
 up)

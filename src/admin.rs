@@ -218,6 +218,12 @@ pub fn readiness(status: &StatusMap) -> Result<usize, String> {
             PartitionState::Starting => {
                 return Err(format!("partition {} is opening its store", s.partition))
             }
+            PartitionState::Restoring => {
+                return Err(format!(
+                    "partition {} is restoring its store from the changelog ({} records left)",
+                    s.partition, s.restore_remaining
+                ))
+            }
             PartitionState::Stopping => {
                 return Err(format!("partition {} is stopping", s.partition))
             }
@@ -242,7 +248,10 @@ async fn readyz(State(s): State<AdminState>) -> Response {
 }
 
 fn partition_json(s: &PartitionStatus, now: Millis) -> Value {
-    let started = s.state != PartitionState::Starting;
+    let started = !matches!(
+        s.state,
+        PartitionState::Starting | PartitionState::Restoring
+    );
     json!({
         "topic": s.topic,
         "partition": s.partition,
@@ -257,6 +266,7 @@ fn partition_json(s: &PartitionStatus, now: Millis) -> Value {
         "outbox": s.outbox_len,
         "next_due": s.next_due.map(rfc3339),
         "records": s.records,
+        "restore_remaining": s.restore_remaining,
         "dead_letters": s.dead_letters,
         "emissions": s.emissions,
         "published": s.published,

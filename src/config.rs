@@ -106,6 +106,9 @@ pub struct DebounceConfig {
     /// (default 24 h).
     #[serde(with = "duration")]
     pub state_ttl: Duration,
+    /// `learn-initial-delay` of `adaptive`: a session's first upload starts from its
+    /// tenant's learned delay instead of `min-delay` (default false; `engine::learn`).
+    pub learn_initial_delay: bool,
     /// `[debounce.tenants.NAME]`: per-tenant overrides, by tenant name (SEMANTICS §2 alphabet).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub tenants: BTreeMap<String, TenantOverride>,
@@ -120,6 +123,7 @@ impl Default for DebounceConfig {
             max_delay: Duration::from_secs(600),
             max_wait: None,
             state_ttl: Duration::from_secs(24 * 60 * 60),
+            learn_initial_delay: false,
             tenants: BTreeMap::new(),
         }
     }
@@ -168,6 +172,9 @@ pub struct TenantOverride {
         skip_serializing_if = "Option::is_none"
     )]
     pub state_ttl: Option<Duration>,
+    /// `learn-initial-delay`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub learn_initial_delay: Option<bool>,
 }
 
 /// `[store]`.
@@ -381,6 +388,7 @@ impl DebounceConfig {
             max_delay: millis(self.max_delay),
             max_wait: self.max_wait.map(millis),
             state_ttl: millis(self.state_ttl),
+            learn_initial_delay: self.learn_initial_delay,
         }
     }
 
@@ -393,6 +401,7 @@ impl DebounceConfig {
             max_delay: o.max_delay.unwrap_or(self.max_delay),
             max_wait: o.max_wait.unwrap_or(self.max_wait),
             state_ttl: o.state_ttl.unwrap_or(self.state_ttl),
+            learn_initial_delay: o.learn_initial_delay.unwrap_or(self.learn_initial_delay),
             tenants: BTreeMap::new(),
         }
     }
@@ -550,7 +559,7 @@ fn allowed(last: &str) -> Option<&'static str> {
         "data-dir" => "expected a directory path (string)",
         "transport" => "expected one of kafka, nats",
         "listen" => "expected an IP address and port such as \"127.0.0.1:9464\"",
-        "enabled" => "expected true or false",
+        "enabled" | "learn-initial-delay" => "expected true or false",
         "storage" => "expected one of file, memory",
         _ => return None,
     })
@@ -776,6 +785,7 @@ mod tests {
             max_delay: 120_000,
             max_wait: Some(1_800_000),
             state_ttl: 48 * 3_600_000,
+            learn_initial_delay: false,
         };
         assert_eq!(t.default, base);
         assert_eq!(
@@ -922,6 +932,24 @@ mod tests {
             "[debounce.tenants.acme]\npolicy = \"Fixed\"",
             "debounce.tenants.acme.policy",
             &["Fixed", "leading-trailing"],
+        );
+    }
+
+    #[test]
+    fn learn_initial_delay_is_a_bool_inherited_by_tenants() {
+        let c = Config::from_toml_str(
+            "[debounce]\nlearn-initial-delay = true\n[debounce.tenants.acme]\nmin-delay = \"1s\"\n\
+             [debounce.tenants.beta]\nlearn-initial-delay = false",
+        )
+        .unwrap();
+        let t = c.policy_table();
+        assert!(t.default.learns());
+        assert!(t.for_tenant("acme").learns(), "inherited");
+        assert!(!t.for_tenant("beta").learns(), "overridden");
+        assert_err(
+            "[debounce]\nlearn-initial-delay = \"yes\"",
+            "debounce.learn-initial-delay",
+            &["expected true or false"],
         );
     }
 

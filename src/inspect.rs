@@ -1,7 +1,9 @@
 //! `settle inspect`: reads partition stores offline (read-only; safe next to a running
 //! processor, which it does not lock) and prints, per partition, the stored next offset,
 //! partition time, sessions, pending rounds, outbox size and the next due times; for one
-//! session, its state (generation, CallTrack, open round) and its next due time. Then the
+//! session, its state (generation, CallTrack, open round) and its next due time; the
+//! tenants' learned initial delays (`engine::learn`: the statistic, what it is made of, the
+//! delay the policy in force takes from it). Then the
 //! processor's tier state (SEMANTICS §5) from `<data-dir>/tiers.json`, which the running
 //! processor rewrites on every tier change (`runtime::tier_events`): the rule in force,
 //! emissions routed per tier, the tenants demoted now and the latest tier changes.
@@ -10,7 +12,7 @@
 
 use crate::codec::format_rfc3339_ms;
 use crate::config::Config;
-use crate::engine::{Engine, Millis, SessionKey, SessionState};
+use crate::engine::{Engine, Millis, PolicySpec, SessionKey, SessionState, TenantStats};
 use crate::runtime::{read_snapshot, TierSnapshot, TIERS_FILE};
 use crate::store::{PartitionStore, StoreOptions};
 use anyhow::Context;
@@ -30,8 +32,14 @@ pub struct InspectArgs {
     pub session: Option<String>,
     /// `--timers N`: how many next due times to list per partition (default 5).
     pub timers: usize,
-    /// `--config`: the processor's config, for the session's state expiry (`state-ttl`);
-    /// defaults apply without it.
+    /// `--tenant NAME`: print this tenant's learned-delay statistics (from every store that
+    /// has them).
+    pub tenant: Option<String>,
+    /// `--tenants N`: how many tenants' learned delays to list per partition, most recently
+    /// seen first (default 5).
+    pub tenants: usize,
+    /// `--config`: the processor's config, for the session's state expiry (`state-ttl`) and
+    /// the learned delays' range (`min-delay`, `max-delay`); defaults apply without it.
     pub config: Option<PathBuf>,
 }
 
@@ -44,6 +52,8 @@ impl InspectArgs {
             partition: None,
             session: None,
             timers: 5,
+            tenant: None,
+            tenants: 5,
             config: None,
         }
     }
@@ -73,6 +83,10 @@ pub struct PartitionInfo {
     /// For each of `next_due`: true when it is an open round's due time, false when it is
     /// the session's state expiry (`state-ttl` after its last upload; nothing is emitted).
     pub next_due_is_round: Vec<bool>,
+    /// Tenants with learned-delay statistics (`engine::learn`).
+    pub learned_tenants: usize,
+    /// The most recently seen of them (at most the `tenants` asked for), newest first.
+    pub recent_tenants: Vec<(String, TenantStats)>,
 }
 
 /// One session found in a store.
@@ -120,7 +134,8 @@ fn open(path: &Path) -> anyhow::Result<PartitionStore> {
         .with_context(|| format!("cannot read the store at {}", path.display()))
 }
 
-/// Reads one store's figures and its first `timers` timers.
+/// Reads one store's figures, its first `timers` timers and its `tenants` most recently
+/// seen tenants' learned-delay statistics.
 ///
 /// Errors: the store cannot be opened or read.
 pub fn partition_info(
@@ -128,9 +143,17 @@ pub fn partition_info(
     partition: i32,
     path: &Path,
     timers: usize,
+    tenants: usize,
 ) -> anyhow::Result<PartitionInfo> {
     let store = open(path)?;
     let next_due = store.timers(timers)?;
+    let mut recent_tenants = if tenants > 0 {
+        store.tenants()?
+    } else {
+        Vec::new()
+    };
+    recent_tenants.sort_by(|a, b| b.1.last_seen.cmp(&a.1.last_seen).then(a.0.cmp(&b.0)));
+    recent_tenants.truncate(tenants);
     Ok(PartitionInfo {
         path: path.to_path_buf(),
         topic: topic.to_owned(),
@@ -145,7 +168,41 @@ pub fn partition_info(
             .map(|(_, key)| Ok(store.session(key)?.is_some_and(|st| st.round.is_some())))
             .collect::<Result<_, crate::store::Error>>()?,
         next_due,
+        learned_tenants: store.tenant_count(),
+        recent_tenants,
     })
+}
+
+/// One line about a tenant's learned initial delay under `spec` (the policy in force for it):
+/// the delay its sessions start from, and what the statistic is made of.
+pub fn describe_learned(stats: &TenantStats, spec: &PolicySpec) -> String {
+    let human =
+        |ms: Millis| humantime::format_duration(std::time::Duration::from_millis(ms.max(0) as u64));
+    let seen = format!("last seen {}", format_rfc3339_ms(stats.last_seen));
+    let Some(s) = stats.summary() else {
+        return format!(
+            "not learned yet ({} of {} intervals) · min-delay {} applies · {seen}",
+            stats.intervals.len(),
+            crate::engine::learn::LEARN_MIN_SAMPLES,
+            human(spec.min_delay)
+        );
+    };
+    let used = match stats.learned_delay(spec) {
+        Some(d) => format!("starts sessions at {}", human(d)),
+        None => format!(
+            "not used: the policy in force ({}) does not learn",
+            spec.name.as_str()
+        ),
+    };
+    format!(
+        "{used} · p90 {} + 25 % = {} · {} intervals ({} outliers) · median {} · MAD {} · {seen}",
+        human(s.p90),
+        human(s.raw_delay),
+        s.samples,
+        s.samples - s.inliers,
+        human(s.median),
+        human(s.mad),
+    )
 }
 
 /// Prints the stores (and the session, if asked), then the tier state of `tiers.json` if
@@ -172,9 +229,34 @@ pub fn run(args: InspectArgs, out: &mut impl Write) -> anyhow::Result<usize> {
     };
     let engine = Engine::new(Config::load(args.config.as_deref())?.policy_table());
     let mut found = false;
+    let mut tenant_found = false;
     for (topic, partition, path) in &stores {
-        let info = partition_info(topic, *partition, path, args.timers)?;
+        let info = partition_info(topic, *partition, path, args.timers, args.tenants)?;
         print_partition(&info, out)?;
+        for (n, (name, stats)) in info.recent_tenants.iter().enumerate() {
+            let label = if n == 0 { "learned delays" } else { "" };
+            let spec = engine.policies().for_tenant(name);
+            writeln!(
+                out,
+                "  {label:<15} {name}: {}",
+                describe_learned(stats, spec)
+            )?;
+        }
+        if let Some(name) = &args.tenant {
+            if let Some(stats) = open(path)?.tenant(name)? {
+                tenant_found = true;
+                let spec = engine.policies().for_tenant(name);
+                writeln!(out, "  tenant {name} (partition {partition})")?;
+                writeln!(
+                    out,
+                    "    learned delay   {}",
+                    describe_learned(&stats, spec)
+                )?;
+                let intervals: Vec<String> =
+                    stats.intervals.iter().map(|ms| ms.to_string()).collect();
+                writeln!(out, "    intervals (ms)  {}", intervals.join(" "))?;
+            }
+        }
         if let Some(key) = &key {
             let store = open(path)?;
             if let Some(state) = store.session(key)? {
@@ -191,6 +273,14 @@ pub fn run(args: InspectArgs, out: &mut impl Write) -> anyhow::Result<usize> {
     if let Some(key) = &key {
         if !found {
             writeln!(out, "session {key}: no state in any store read")?;
+        }
+    }
+    if let Some(name) = &args.tenant {
+        if !tenant_found {
+            writeln!(
+                out,
+                "tenant {name}: no learned-delay statistics in any store read"
+            )?;
         }
     }
     match tiers {
@@ -293,6 +383,11 @@ fn print_partition(i: &PartitionInfo, out: &mut impl Write) -> std::io::Result<(
     writeln!(out, "  sessions        {}", i.sessions)?;
     writeln!(out, "  pending rounds  {}", i.pending_rounds)?;
     writeln!(out, "  outbox          {} owed emission(s)", i.outbox_len)?;
+    writeln!(
+        out,
+        "  tenants         {} with learned delays",
+        i.learned_tenants
+    )?;
     if i.next_due.is_empty() {
         writeln!(out, "  next due        -")?;
     }

@@ -20,5 +20,6 @@ pub mod runtime;
 pub mod simulate;
 pub mod store;
 pub mod tiers;
+pub mod trace_source;
 pub mod transport;
 pub mod tune;

@@ -78,7 +78,14 @@ enum Command {
         /// How many upcoming timers to list per partition.
         #[arg(long, default_value_t = 5)]
         timers: usize,
-        /// Config file, to show due times with the policies in force.
+        /// Show this tenant's learned initial delay (from every store that has it).
+        #[arg(long)]
+        tenant: Option<String>,
+        /// How many tenants' learned initial delays to list per partition (most recently
+        /// seen first).
+        #[arg(long, default_value_t = 5)]
+        tenants: usize,
+        /// Config file, to show due times and learned delays with the policies in force.
         #[arg(long)]
         config: Option<PathBuf>,
     },
@@ -101,26 +108,34 @@ enum Command {
         #[arg(long, default_value_t = 4)]
         partitions: i32,
     },
-    /// Replay a JSONL trace through the engine in event time and print the ready records.
+    /// Replay a trace (a JSONL file, or the uploads of a Kafka topic or NATS stream over a
+    /// time range) through the engine in event time and print the ready records.
     Simulate {
-        /// Config file (TOML); without it the defaults of config/settle.toml apply.
+        /// Config file (TOML): the policies, and the broker for --from-kafka/--from-nats;
+        /// without it the defaults of config/settle.toml apply.
         #[arg(long)]
         config: Option<PathBuf>,
-        /// Trace: one upload record per line plus "ts" (epoch ms or RFC 3339) and optional "partition".
-        #[arg(long)]
-        input: PathBuf,
+        /// Where the trace comes from.
+        #[command(flatten)]
+        source: settle::trace_source::SourceArgs,
         /// Where to write the ready records (JSONL); standard output when absent.
         #[arg(long)]
         output: Option<PathBuf>,
     },
-    /// Replay a trace under many debounce settings; compare cost (emissions) with time-to-ready,
+    /// Replay a trace (a JSONL file, or the uploads of a Kafka topic or NATS stream over a
+    /// time range) under many debounce settings; compare cost (emissions) with time-to-ready,
     /// mark the Pareto-optimal settings and recommend one for a goal.
     Tune {
-        /// Trace: one upload record per line plus "ts" (epoch ms or RFC 3339), as for `simulate`.
-        #[arg(long)]
-        input: PathBuf,
+        /// Where the trace comes from.
+        #[command(flatten)]
+        source: settle::trace_source::SourceArgs,
+        /// Config file (TOML) with the broker for --from-kafka/--from-nats (`[kafka]`,
+        /// `[nats]`); `SETTLE_*` variables override it. Policies come from --sweep.
+        #[arg(long, short = 'c', env = "SETTLE_CONFIG")]
+        config: Option<PathBuf>,
         /// Settings to replay: POLICY:VALUES groups separated by ';', e.g.
-        /// "fixed:5s,1m;leading-trailing:10s;adaptive:5s/10m;max-wait:none,30m".
+        /// "fixed:5s,1m;leading-trailing:10s;adaptive:5s/10m;learn:off,on;max-wait:none,30m"
+        /// (learn: adaptive with learned initial delays).
         #[arg(long, value_name = "SPEC", default_value = settle::tune::DEFAULT_SWEEP)]
         sweep: settle::tune::Sweep,
         /// Goal of the recommendation: pNN<=DURATION with NN = 50, 90 or 99.
@@ -186,6 +201,9 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                         bootstrap = %cfg.kafka.bootstrap_servers,
                         group = %cfg.kafka.group_id,
                         input = %cfg.kafka.input_topic,
+                        changelog = cfg.kafka.changelog().as_deref().unwrap_or("(off)"),
+                        guarantee = ?cfg.kafka.processing_guarantee,
+                        instance = %cfg.kafka.instance_id(),
                         data_dir = %cfg.store.data_dir.display(),
                         "settle run starting on kafka"
                     );
@@ -242,6 +260,8 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             partition,
             session,
             timers,
+            tenant,
+            tenants,
             config,
         } => {
             settle::inspect::run(
@@ -251,6 +271,8 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                     partition,
                     session,
                     timers,
+                    tenant,
+                    tenants,
                     config,
                 },
                 &mut std::io::stdout().lock(),
@@ -275,22 +297,28 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Simulate {
             config,
-            input,
+            source,
             output,
-        } => simulate(config, input, output),
+        } => simulate(config, source, output),
         Command::Tune {
-            input,
+            source,
+            config,
             sweep,
             goal,
             report,
         } => {
-            settle::tune::run(
-                settle::tune::TuneArgs {
-                    input,
-                    sweep,
-                    goal,
-                    report,
-                },
+            // Check the report path before minutes of reading and replay, not after.
+            if let Some(path) = &report {
+                settle::tune::check_report_path(path)?;
+            }
+            let cfg = Config::load(config.as_deref())?;
+            let loaded = settle::trace_source::load(&source, &cfg)?;
+            settle::tune::run_trace(
+                &loaded.source,
+                &loaded.trace,
+                &sweep,
+                goal,
+                report.as_deref(),
                 &mut std::io::stdout().lock(),
             )?;
             Ok(ExitCode::SUCCESS)
@@ -315,8 +343,17 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             }
             let k = &cfg.kafka;
             println!(
-                "kafka: {} group {} input {} dead-letter {}",
-                k.bootstrap_servers, k.group_id, k.input_topic, k.dead_letter_topic
+                "kafka: {} group {} input {} dead-letter {} changelog {} guarantee {} instance {}",
+                k.bootstrap_servers,
+                k.group_id,
+                k.input_topic,
+                k.dead_letter_topic,
+                k.changelog().as_deref().unwrap_or("(off)"),
+                match k.processing_guarantee {
+                    settle::transport::kafka::ProcessingGuarantee::AtLeastOnce => "at-least-once",
+                    settle::transport::kafka::ProcessingGuarantee::ExactlyOnce => "exactly-once",
+                },
+                k.instance_id(),
             );
             let n = &cfg.nats;
             println!(
@@ -350,23 +387,48 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
 
 fn simulate(
     config: Option<PathBuf>,
-    input: PathBuf,
+    source: settle::trace_source::SourceArgs,
     output: Option<PathBuf>,
 ) -> anyhow::Result<ExitCode> {
     let cfg = Config::load(config.as_deref())?;
     let engine = Engine::new(cfg.policy_table());
-    let reader = BufReader::new(
-        std::fs::File::open(&input).with_context(|| format!("cannot open {}", input.display()))?,
-    );
     let mut out: Box<dyn Write> = match &output {
         Some(p) => Box::new(BufWriter::new(
             std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?,
         )),
         None => Box::new(BufWriter::new(std::io::stdout().lock())),
     };
-    let stats = settle::simulate::replay_to_jsonl(engine, reader, &mut out, |e| {
-        eprintln!("{}: skipped {e}", input.display());
-    })?;
+    let stats = match &source.choice.input {
+        // A file streams through the engine line by line.
+        Some(input)
+            if source.since.is_none() && source.until.is_none() && source.topic.is_none() =>
+        {
+            let reader = BufReader::new(
+                std::fs::File::open(input)
+                    .with_context(|| format!("cannot open {}", input.display()))?,
+            );
+            settle::simulate::replay_to_jsonl(engine, reader, &mut out, |e| {
+                eprintln!("{}: skipped {e}", input.display());
+            })?
+        }
+        _ => {
+            let loaded = settle::trace_source::load(&source, &cfg)?;
+            let mut written = Ok(());
+            let stats = settle::tune::replay_trace(engine, &loaded.trace, |e| {
+                if written.is_ok() {
+                    written = out
+                        .write_all(&settle::codec::encode_ready(
+                            e,
+                            e.due_at,
+                            settle::simulate::SIMULATED_TIER,
+                        ))
+                        .and_then(|()| out.write_all(b"\n"));
+                }
+            });
+            written.context("cannot write the ready records")?;
+            stats
+        }
+    };
     out.flush()?;
     eprintln!("{stats}");
     Ok(ExitCode::SUCCESS)

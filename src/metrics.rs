@@ -49,7 +49,8 @@ pub const UPLOADS_REJECTED: &str = "settle_uploads_rejected_total";
 /// Counter `{trigger, tier, policy}`: emissions acknowledged by the broker (SEMANTICS §2, §4).
 pub const EMISSIONS: &str = "settle_emissions_total";
 /// Counter `{tier, policy}`: uploads coalesced into acknowledged emissions (the `uploads`
-/// field summed).
+/// field summed). Coalescing per tier and policy = this / [`EMISSIONS`] summed over
+/// triggers (`sum by (tier, policy) (rate(...))` of both).
 pub const EMISSION_UPLOADS: &str = "settle_emission_uploads_total";
 /// Gauge: uploads per acknowledged emission since the runtime started.
 pub const COALESCING_RATIO: &str = "settle_coalescing_ratio";
@@ -58,7 +59,8 @@ pub const PUBLISH_FAILURES: &str = "settle_publish_failures_total";
 /// Histogram `{trigger}`, seconds: `emitted_at - due_at` of acknowledged emissions
 /// (SEMANTICS §3 lateness).
 pub const EMISSION_LATENESS: &str = "settle_emission_lateness_seconds";
-/// Histogram `{tier}`, seconds: `emitted_at - last_upload_at` of acknowledged emissions.
+/// Histogram `{tier, policy}`, seconds: `emitted_at - last_upload_at` of acknowledged
+/// emissions (the figure `settle tune` sweeps, live).
 pub const TIME_TO_READY: &str = "settle_time_to_ready_seconds";
 /// Histogram `{topic, partition}`, seconds: one store write batch (state, timers, outbox,
 /// offset) committed.
@@ -73,7 +75,8 @@ pub const CONSUMER_LAG: &str = "settle_consumer_lag_records";
 /// Gauge `{topic, partition}`, seconds: wall clock minus partition time (SEMANTICS §3).
 pub const CLOCK_BEHIND: &str = "settle_partition_clock_behind_seconds";
 /// Gauge `{topic, partition}`, records: changelog records still to replay before the
-/// partition processes input (0: nothing to restore; the changelog restore is not built yet).
+/// partition processes input (0: nothing to restore), an estimate from the changelog's end
+/// offset.
 pub const RESTORE_REMAINING: &str = "settle_restore_remaining_records";
 /// Gauge `{state}`: partitions of this process by life-cycle state.
 pub const PARTITIONS: &str = "settle_partitions";
@@ -104,8 +107,9 @@ const STORE_WRITE_BUCKETS: &[f64] = &[
 const TOPIC_PARTITION: &[&str] = &["topic", "partition"];
 
 /// Every value of the `state` label of [`PARTITIONS`] (`PartitionState::as_str`).
-const STATES: [&str; 6] = [
+const STATES: [&str; 7] = [
     "starting",
+    "restoring",
     "catching_up",
     "live",
     "stopping",
@@ -243,8 +247,8 @@ impl Metrics {
         );
         let time_to_ready = b.histogram(
             TIME_TO_READY,
-            "Seconds between the last coalesced upload and the acknowledged publish (emitted_at - last_upload_at).",
-            &["tier"],
+            "Seconds between the last coalesced upload and the acknowledged publish (emitted_at - last_upload_at), by tier and policy.",
+            &["tier", "policy"],
             TIME_TO_READY_BUCKETS,
         );
         let store_write = b.histogram(
@@ -418,11 +422,16 @@ impl Metrics {
             m.outbox_size
                 .with_label_values(&labels)
                 .set(gauge(s.outbox_len));
-            m.restore_remaining.with_label_values(&labels).set(0);
+            m.restore_remaining
+                .with_label_values(&labels)
+                .set(gauge(s.restore_remaining));
             if let Some(lag) = s.lag {
                 m.consumer_lag.with_label_values(&labels).set(gauge(lag));
             }
-            if s.state != PartitionState::Starting {
+            if !matches!(
+                s.state,
+                PartitionState::Starting | PartitionState::Restoring
+            ) {
                 let behind = now_ms.saturating_sub(s.partition_time).max(0);
                 m.clock_behind
                     .with_label_values(&labels)
@@ -503,7 +512,8 @@ struct TierHandles {
     emissions: [[Option<IntCounter>; 5]; 3],
     /// `[policy]`.
     uploads: [Option<IntCounter>; 3],
-    time_to_ready: Histogram,
+    /// `[policy]`.
+    time_to_ready: [Option<Histogram>; 3],
     failures: IntCounter,
 }
 
@@ -544,7 +554,7 @@ impl PublishMetrics {
             name: tier.to_owned(),
             emissions: Default::default(),
             uploads: Default::default(),
-            time_to_ready: m.time_to_ready.with_label_values(&[tier]),
+            time_to_ready: Default::default(),
             failures: m.publish_failures.with_label_values(&[tier]),
         });
         self.tiers.len() - 1
@@ -571,7 +581,13 @@ impl PublishMetrics {
             })
             .inc_by(u64::from(e.uploads));
         let seconds = |from: Millis| emitted_at.saturating_sub(from).max(0) as f64 / 1000.0;
-        h.time_to_ready.observe(seconds(e.last_upload_at));
+        h.time_to_ready[p]
+            .get_or_insert_with(|| {
+                inner
+                    .time_to_ready
+                    .with_label_values(&[tier, e.policy.as_str()])
+            })
+            .observe(seconds(e.last_upload_at));
         self.lateness[g].observe(seconds(e.due_at));
         inner.emitted.fetch_add(1, Ordering::Relaxed);
         inner
@@ -667,7 +683,10 @@ mod tests {
         );
         assert_eq!(sample(&text, COALESCING_RATIO), Some(4.0));
         assert_eq!(
-            sample(&text, &format!(r#"{TIME_TO_READY}_sum{{tier="limited"}}"#)),
+            sample(
+                &text,
+                &format!(r#"{TIME_TO_READY}_sum{{policy="fixed",tier="limited"}}"#)
+            ),
             Some(1.5)
         );
         assert_eq!(

@@ -38,6 +38,28 @@ pub enum TraceError {
         /// The failed rule.
         source: codec::DecodeError,
     },
+    /// A record read from a broker (`settle tune --from-kafka`, `--from-nats`) that does not
+    /// decode as an upload (SEMANTICS §2); the runtime would dead-letter it.
+    #[error("{at}: {source}")]
+    Record {
+        /// Where it was read: `topic/partition@offset` or `stream/partition@sequence`.
+        at: String,
+        /// The failed rule.
+        source: codec::DecodeError,
+    },
+}
+
+impl TraceError {
+    /// Short stable code of what is wrong: `bad_trace_line` for a line that is not a trace
+    /// record, else the `codec::DecodeError::reason` code (the dead-letter reason).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            TraceError::Line { .. } => "bad_trace_line",
+            TraceError::Upload { source, .. } | TraceError::Record { source, .. } => {
+                source.reason()
+            }
+        }
+    }
 }
 
 /// One usable trace line.

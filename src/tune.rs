@@ -11,12 +11,13 @@
 //!   pending round fires, `emitted_at = due_at`), so a row's figures equal a
 //!   `simulate::replay` of that setting (a test in `tests/tune_sweep.rs` keeps that true);
 //! * rows come out in sweep order whatever the thread scheduling;
-//! * the trace source is an iterator of [`Upload`]s ([`Trace::from_uploads`]); JSONL files are
-//!   one source ([`Trace::read_jsonl`]), broker sources (`--from-kafka`, `--from-nats`) are to
-//!   come and only need to produce uploads.
+//! * the trace source is an iterator of [`Upload`]s ([`Trace::from_uploads`]): a JSONL file
+//!   ([`Trace::read_jsonl`]) or the input topic / stream of a broker over a time range
+//!   (`--from-kafka`, `--from-nats`: `crate::trace_source`).
 //!
 //! One policy applies to every tenant of the trace (`PolicyTable::uniform`), with the default
-//! `state-ttl` (24 h).
+//! `state-ttl` (24 h). An `adaptive` setting with `learn` starts each tenant's learning from
+//! nothing at the start of the trace (`engine::learn`).
 
 use crate::engine::{
     Applied, Driver, Emission, Engine, MemTable, Millis, PolicyName, PolicySpec, PolicyTable,
@@ -25,6 +26,7 @@ use crate::engine::{
 use crate::report::{human_ms, RunStats};
 use crate::simulate::{parse_trace_line, TraceError};
 use anyhow::Context;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -33,10 +35,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 /// The sweep used when `--sweep` is not given, written in the [`Sweep`] grammar:
-/// 13 policy settings, each without and with `max-wait` 30 min (26 rows).
+/// 13 policy settings, the 4 adaptive ones also with learned initial delays, each without and
+/// with `max-wait` 30 min (34 rows).
 pub const DEFAULT_SWEEP: &str = "fixed:5s,10s,30s,1m,2m,5m;\
 leading-trailing:10s,1m,5m;\
 adaptive:5s/10m,10s/10m,5s/2m,30s/10m;\
+learn:off,on;\
 max-wait:none,30m";
 
 /// The goal used when `--goal` is not given: p99 time-to-ready ≤ 60 s, at least cost.
@@ -54,9 +58,9 @@ pub enum SpecError {
         /// The group as written.
         group: String,
     },
-    /// A group name that is not a policy nor `max-wait`.
+    /// A group name that is not a policy nor `learn` or `max-wait`.
     #[error(
-        "unknown policy `{token}`; expected `fixed`, `leading-trailing`, `adaptive` or `max-wait`"
+        "unknown policy `{token}`; expected `fixed`, `leading-trailing`, `adaptive`, `learn` or `max-wait`"
     )]
     UnknownPolicy {
         /// The name as written.
@@ -96,8 +100,14 @@ pub enum SpecError {
         /// The broken rule, naming the config key (`delay`, `max-delay`, ...).
         reason: String,
     },
-    /// Only `max-wait:` was given.
-    #[error("sweep has `max-wait` values but no policy group; add e.g. `fixed:10s`")]
+    /// A `learn` value that is not `off` or `on`.
+    #[error("`learn`: `{token}` is not `off` or `on`")]
+    BadLearn {
+        /// The value as written.
+        token: String,
+    },
+    /// Only `max-wait:` and/or `learn:` were given.
+    #[error("sweep has `max-wait` or `learn` values but no policy group; add e.g. `fixed:10s`")]
     NoPolicy,
     /// A goal that is not `pNN<=DURATION`.
     #[error("goal `{token}`: {reason}; write e.g. `p99<=60s` (p50, p90 or p99)")]
@@ -116,13 +126,15 @@ pub enum SpecError {
 /// GROUP  := 'fixed' ':' DUR (',' DUR)*
 ///         | 'leading-trailing' ':' DUR (',' DUR)*
 ///         | 'adaptive' ':' DUR '/' DUR (',' DUR '/' DUR)*     (min-delay/max-delay)
+///         | 'learn' ':' ('off' | 'on') (',' ('off' | 'on'))*   (learn-initial-delay)
 ///         | 'max-wait' ':' ('none' | DUR) (',' ('none' | DUR))*
 /// DUR    := a humantime duration: 500ms, 10s, 1m, 1m30s, 2h
 /// ```
 ///
-/// Every policy value is combined with every `max-wait` value (`none` only when no
-/// `max-wait` group is given), in the order written; duplicates are dropped. Whitespace
-/// around tokens is ignored; a trailing `;` is allowed. Example: [`DEFAULT_SWEEP`].
+/// Every policy value is combined with every `learn` value (`off` only when no `learn`
+/// group is given; `on` changes `adaptive` settings only) and every `max-wait` value (`none`
+/// only when no `max-wait` group is given), in the order written; duplicates are dropped.
+/// Whitespace around tokens is ignored; a trailing `;` is allowed. Example: [`DEFAULT_SWEEP`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sweep {
     /// The settings, in row order.
@@ -144,6 +156,7 @@ impl FromStr for Sweep {
 
     fn from_str(text: &str) -> Result<Self, SpecError> {
         let mut policies: Vec<PolicySpec> = Vec::new();
+        let mut learns: Vec<bool> = Vec::new();
         let mut max_waits: Vec<Option<Millis>> = Vec::new();
         for group in text.split(';').map(str::trim).filter(|g| !g.is_empty()) {
             let (name, values) = group
@@ -171,6 +184,18 @@ impl FromStr for Sweep {
                             parse_ms(name, min.trim())?,
                             parse_ms(name, max.trim())?,
                         )
+                    }
+                    "learn" => {
+                        learns.push(match value {
+                            "off" => false,
+                            "on" => true,
+                            other => {
+                                return Err(SpecError::BadLearn {
+                                    token: other.to_owned(),
+                                })
+                            }
+                        });
+                        continue;
                     }
                     "max-wait" => {
                         let wait = match value {
@@ -202,7 +227,7 @@ impl FromStr for Sweep {
             }
         }
         if policies.is_empty() {
-            return Err(if max_waits.is_empty() {
+            return Err(if max_waits.is_empty() && learns.is_empty() {
                 SpecError::Empty
             } else {
                 SpecError::NoPolicy
@@ -211,15 +236,21 @@ impl FromStr for Sweep {
         if max_waits.is_empty() {
             max_waits.push(None);
         }
+        if learns.is_empty() {
+            learns.push(false);
+        }
         let mut settings: Vec<PolicySpec> = Vec::new();
         for spec in &policies {
-            for wait in &max_waits {
-                let spec = PolicySpec {
-                    max_wait: *wait,
-                    ..spec.clone()
-                };
-                if !settings.contains(&spec) {
-                    settings.push(spec);
+            for learn in &learns {
+                for wait in &max_waits {
+                    let spec = PolicySpec {
+                        max_wait: *wait,
+                        learn_initial_delay: *learn && spec.name == PolicyName::Adaptive,
+                        ..spec.clone()
+                    };
+                    if !settings.contains(&spec) {
+                        settings.push(spec);
+                    }
                 }
             }
         }
@@ -242,7 +273,8 @@ fn duration_ms(token: &str) -> Result<Millis, String> {
     Millis::try_from(d.as_millis()).map_err(|_| "too large".to_owned())
 }
 
-/// A readable name of one setting: `fixed 10s`, `adaptive 5s/10m, max-wait 30m`.
+/// A readable name of one setting: `fixed 10s`, `adaptive 5s/10m, learn, max-wait 30m`
+/// (`learn`: learned initial delays).
 pub fn describe(spec: &PolicySpec) -> String {
     let d = |ms: Millis| humantime::format_duration(Duration::from_millis(ms.max(0) as u64));
     let mut s = match spec.name {
@@ -256,6 +288,9 @@ pub fn describe(spec: &PolicySpec) -> String {
             d(spec.max_delay)
         ),
     };
+    if spec.learns() {
+        s.push_str(", learn");
+    }
     if let Some(w) = spec.max_wait {
         s.push_str(&format!(", max-wait {}", d(w)));
     }
@@ -358,47 +393,81 @@ impl fmt::Display for Goal {
     }
 }
 
+/// Most unusable inputs a [`Trace`] keeps with their error (all are counted).
+pub const MAX_REJECTED_KEPT: usize = 100;
+
 /// A trace held in memory so that every setting replays the same uploads.
 #[derive(Debug, Default)]
 pub struct Trace {
-    /// Usable uploads, in input order (event time = the line's `ts`).
+    /// Usable uploads, in input order (event time = the line's `ts` or the record's
+    /// timestamp).
     pub uploads: Vec<Upload>,
-    /// Lines that could not be used (reported, skipped), as `settle simulate` skips them.
+    /// The first [`MAX_REJECTED_KEPT`] inputs that could not be used (reported, skipped, as
+    /// `settle simulate` skips bad lines), with why.
     pub rejected: Vec<TraceError>,
+    /// Every unusable input, counted by [`TraceError::reason`].
+    pub rejected_by_reason: BTreeMap<&'static str, u64>,
 }
 
 impl Trace {
-    /// A trace from any source of uploads in arrival order (a file today, a broker later).
+    /// A trace from any source of uploads in arrival order (a file, a broker).
     pub fn from_uploads(uploads: impl IntoIterator<Item = Upload>) -> Self {
         Trace {
             uploads: uploads.into_iter().collect(),
-            rejected: Vec::new(),
+            ..Trace::default()
         }
     }
 
     /// Reads a JSONL trace (format of `simulate`: an upload record plus `ts`). Bad lines go
-    /// to [`Trace::rejected`]; only I/O errors fail.
+    /// to [`Trace::reject`]; only I/O errors fail.
     pub fn read_jsonl(input: impl BufRead) -> std::io::Result<Self> {
         let mut trace = Trace::default();
         for (i, text) in input.lines().enumerate() {
             match parse_trace_line(&text?, i + 1) {
                 Ok(Some(line)) => trace.uploads.push(line.upload),
                 Ok(None) => {}
-                Err(e) => trace.rejected.push(e),
+                Err(e) => trace.reject(e),
             }
         }
         Ok(trace)
+    }
+
+    /// Counts an unusable input; keeps it while fewer than [`MAX_REJECTED_KEPT`] are kept.
+    pub fn reject(&mut self, e: TraceError) {
+        *self.rejected_by_reason.entry(e.reason()).or_default() += 1;
+        if self.rejected.len() < MAX_REJECTED_KEPT {
+            self.rejected.push(e);
+        }
+    }
+
+    /// How many inputs could not be used.
+    pub fn rejected_count(&self) -> u64 {
+        self.rejected_by_reason.values().sum()
+    }
+
+    /// The rejected inputs by reason, `invalid_json 3, missing_tenant 1`; `none` if none.
+    pub fn rejected_summary(&self) -> String {
+        if self.rejected_by_reason.is_empty() {
+            return "none".to_owned();
+        }
+        let parts: Vec<String> = self
+            .rejected_by_reason
+            .iter()
+            .map(|(reason, n)| format!("{reason} {n}"))
+            .collect();
+        parts.join(", ")
     }
 }
 
 /// Replays `trace` through `engine` the way `simulate::replay` does (partition time = the
 /// largest event time seen, every pending round fires at end of input, `emitted_at = due_at`),
-/// handing each emission to `emit` in order. `RunStats::rejected` = the trace's bad lines.
+/// handing each emission to `emit` in order. `RunStats::rejected` = the trace's unusable
+/// inputs.
 pub fn replay_trace(engine: Engine, trace: &Trace, mut emit: impl FnMut(&Emission)) -> RunStats {
     let mut driver = Driver::new(engine);
     let mut table = MemTable::new();
     let mut stats = RunStats::new();
-    stats.rejected = trace.rejected.len() as u64;
+    stats.rejected = trace.rejected_count();
     let mut out = Vec::new();
     let mut flush = |out: &mut Vec<Emission>, stats: &mut RunStats| {
         for e in out.drain(..) {
@@ -528,11 +597,11 @@ pub fn recommend(rows: &[Row], goal: Goal) -> Option<usize> {
 /// Everything `settle tune` found.
 #[derive(Clone, Debug)]
 pub struct TuneReport {
-    /// Where the trace came from (file path), for titles.
+    /// Where the trace came from (file path, or broker, topic and time range), for titles.
     pub source: String,
     /// Usable uploads in the trace.
     pub uploads: u64,
-    /// Trace lines skipped as unusable.
+    /// Trace lines or broker records skipped as unusable.
     pub rejected: u64,
     /// The goal the recommendation is for.
     pub goal: Goal,
@@ -549,7 +618,7 @@ impl TuneReport {
         TuneReport {
             source: source.to_owned(),
             uploads: trace.uploads.len() as u64,
-            rejected: trace.rejected.len() as u64,
+            rejected: trace.rejected_count(),
             goal,
             recommended: recommend(&rows, goal),
             rows,
@@ -604,7 +673,7 @@ impl TuneReport {
     pub fn write_table(&self, out: &mut impl Write) -> std::io::Result<()> {
         writeln!(
             out,
-            "settle tune: {} — {} uploads ({} lines skipped), {} settings",
+            "settle tune: {} — {} uploads ({} unusable skipped), {} settings",
             self.source,
             self.uploads,
             self.rejected,
@@ -690,7 +759,7 @@ impl TuneReport {
             escape(&self.source)
         ));
         html.push_str(&format!(
-            "<h1>settle tune: {}</h1>\n<p>{} uploads ({} lines skipped), {} settings. \
+            "<h1>settle tune: {}</h1>\n<p>{} uploads ({} unusable skipped), {} settings. \
              Goal: {} at least cost.</p>\n<table>\n<thead><tr>",
             escape(&self.source),
             self.uploads,
@@ -865,7 +934,8 @@ fn plot_svg(report: &TuneReport) -> Result<String, Box<dyn std::error::Error>> {
     Ok(svg)
 }
 
-/// Input of [`run`]: what the `settle tune` flags carry.
+/// Input of [`run`]: what the `settle tune` flags carry for a JSONL trace file (broker
+/// traces go through [`run_trace`]).
 #[derive(Clone, Debug)]
 pub struct TuneArgs {
     /// JSONL trace (format of `settle simulate`).
@@ -885,29 +955,59 @@ pub struct TuneArgs {
 /// `svg`/`html`/`htm`, the trace has no usable upload, or the chart cannot be drawn.
 pub fn run(args: TuneArgs, out: &mut impl Write) -> anyhow::Result<TuneReport> {
     // Check the report path before minutes of replay, not after.
-    let format = args.report.as_deref().map(report_format).transpose()?;
-    let file = std::fs::File::open(&args.input)
-        .with_context(|| format!("cannot open {}", args.input.display()))?;
-    let trace = Trace::read_jsonl(BufReader::new(file))
-        .with_context(|| format!("cannot read {}", args.input.display()))?;
-    for e in &trace.rejected {
-        tracing::warn!(input = %args.input.display(), "skipped {e}");
+    if let Some(path) = &args.report {
+        check_report_path(path)?;
     }
-    if trace.uploads.is_empty() {
-        anyhow::bail!(
-            "{}: no usable upload in the trace ({} lines skipped); nothing to tune",
-            args.input.display(),
-            trace.rejected.len()
-        );
-    }
-    let report = TuneReport::build(
+    let trace = read_trace_file(&args.input)?;
+    run_trace(
         &args.input.display().to_string(),
         &trace,
         &args.sweep,
         args.goal,
-    );
+        args.report.as_deref(),
+        out,
+    )
+}
+
+/// Reads a JSONL trace file, logging each kept unusable line as a warning.
+///
+/// Errors: the file cannot be opened or read.
+pub fn read_trace_file(path: &Path) -> anyhow::Result<Trace> {
+    let file =
+        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let trace = Trace::read_jsonl(BufReader::new(file))
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    for e in &trace.rejected {
+        tracing::warn!(input = %path.display(), "skipped {e}");
+    }
+    Ok(trace)
+}
+
+/// `settle tune` on a trace already read from `source` (a file name, or a broker, topic and
+/// range: used in titles): replays it under every setting of `sweep` (in parallel), writes
+/// the table and the verdict to `out`, and the chart to `report` when given.
+///
+/// Errors: the trace has no usable upload, the report extension is not `svg`/`html`/`htm`,
+/// the report cannot be written or the chart cannot be drawn.
+pub fn run_trace(
+    source: &str,
+    trace: &Trace,
+    sweep: &Sweep,
+    goal: Goal,
+    report_path: Option<&Path>,
+    out: &mut impl Write,
+) -> anyhow::Result<TuneReport> {
+    let format = report_path.map(report_format).transpose()?;
+    if trace.uploads.is_empty() {
+        anyhow::bail!(
+            "{source}: no usable upload in the trace ({} unusable skipped: {}); nothing to tune",
+            trace.rejected_count(),
+            trace.rejected_summary()
+        );
+    }
+    let report = TuneReport::build(source, trace, sweep, goal);
     report.write_table(out)?;
-    if let (Some(path), Some(format)) = (&args.report, format) {
+    if let (Some(path), Some(format)) = (report_path, format) {
         let text = match format {
             ReportFormat::Svg => report.render_svg()?,
             ReportFormat::Html => report.render_html()?,
@@ -922,6 +1022,14 @@ pub fn run(args: TuneArgs, out: &mut impl Write) -> anyhow::Result<TuneReport> {
 enum ReportFormat {
     Svg,
     Html,
+}
+
+/// Checks that `path` names a report `settle tune` can write (`.svg`, `.html` or `.htm`), so
+/// a long read or replay is not wasted on a bad name.
+///
+/// Errors: any other extension (the message names the path).
+pub fn check_report_path(path: &Path) -> anyhow::Result<()> {
+    report_format(path).map(|_| ())
 }
 
 fn report_format(path: &Path) -> anyhow::Result<ReportFormat> {
@@ -945,12 +1053,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn default_sweep_has_26_settings() {
+    fn default_sweep_has_34_settings() {
         let s = Sweep::default();
-        assert_eq!(s.settings.len(), 26);
+        assert_eq!(s.settings.len(), 34);
         assert_eq!(describe(&s.settings[0]), "fixed 5s");
         assert_eq!(describe(&s.settings[1]), "fixed 5s, max-wait 30m");
-        assert_eq!(describe(&s.settings[25]), "adaptive 30s/10m, max-wait 30m");
+        assert_eq!(describe(&s.settings[18]), "adaptive 5s/10m");
+        assert_eq!(describe(&s.settings[20]), "adaptive 5s/10m, learn");
+        assert_eq!(
+            describe(&s.settings[33]),
+            "adaptive 30s/10m, learn, max-wait 30m"
+        );
+    }
+
+    #[test]
+    fn learn_applies_to_adaptive_settings_only() {
+        let s: Sweep = "fixed:5s;adaptive:5s/10m;learn:off,on".parse().unwrap();
+        let labels: Vec<String> = s.settings.iter().map(describe).collect();
+        assert_eq!(
+            labels,
+            ["fixed 5s", "adaptive 5s/10m", "adaptive 5s/10m, learn"]
+        );
+        assert!(s.settings[2].learns());
+        let e = "adaptive:5s/10m;learn:yes".parse::<Sweep>().unwrap_err();
+        assert!(e.to_string().contains("`yes`"), "{e}");
+        assert_eq!("learn:on".parse::<Sweep>(), Err(SpecError::NoPolicy));
     }
 
     #[test]

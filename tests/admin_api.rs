@@ -174,6 +174,14 @@ async fn metrics_and_admin_endpoints_on_a_running_runtime() {
     assert_eq!(m.sum(metrics::COALESCING_RATIO, &[]), 2.0);
     let count = |name: &str| format!("{name}_count");
     assert_eq!(m.sum(&count(metrics::TIME_TO_READY), &[]), 5.0);
+    // Time-to-ready per tier and policy (the figure `settle tune` sweeps).
+    assert_eq!(
+        m.sum(
+            &count(metrics::TIME_TO_READY),
+            &[("tier", "normal"), ("policy", "fixed")]
+        ),
+        3.0
+    );
     assert_eq!(
         m.sum(&count(metrics::EMISSION_LATENESS), &[("trigger", "final")]),
         5.0

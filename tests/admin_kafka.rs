@@ -73,9 +73,11 @@ async fn kafka_run_serves_metrics_that_match_the_topics() -> Result<()> {
     let normal = format!("{id}-normal");
     let limited = format!("{id}-limited");
     let events = format!("{id}-events");
+    let changelog = kafka.changelog().expect("on by default");
     loadgen::create_topics(
         kafka,
         &[
+            (&changelog, PARTITIONS),
             (&kafka.input_topic, PARTITIONS),
             (&kafka.dead_letter_topic, 1),
             (&normal, 1),

@@ -80,12 +80,14 @@ impl Setup {
             .properties
             .insert("heartbeat.interval.ms".into(), "1000".into());
         let output = format!("{id}-ready");
+        let changelog = kafka.changelog().expect("on by default");
         loadgen::create_topics(
             &kafka,
             &[
                 (&kafka.input_topic, PARTITIONS),
                 (&kafka.dead_letter_topic, 1),
                 (&output, 1),
+                (&changelog, PARTITIONS),
             ],
         )
         .await?;
@@ -610,7 +612,15 @@ async fn kafka_measure_throughput_and_lateness() -> Result<()> {
     let live_rate = env("SETTLE_MEASURE_RATE", 2_000.0);
 
     // 1. A backlog, produced by loadgen as fast as it goes.
-    let setup = Setup::new(&bootstrap, "measure").await?;
+    let mut setup = Setup::new(&bootstrap, "measure").await?;
+    // `SETTLE_MEASURE_CHANGELOG=off`: settle without the changelog (for comparison).
+    if std::env::var("SETTLE_MEASURE_CHANGELOG").as_deref() == Ok("off") {
+        setup.kafka.changelog_topic = Some(String::new());
+    }
+    println!(
+        "changelog: {}",
+        setup.kafka.changelog().as_deref().unwrap_or("off")
+    );
     let produce_rate = 50_000.0;
     let args = loadgen_args(
         &setup.kafka,

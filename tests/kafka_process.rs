@@ -23,7 +23,7 @@ mod kafka_support;
 mod process_support;
 
 use anyhow::{ensure, Context as _, Result};
-use kafka_support::{broker, by_id, emitted, now_ms, reference, same_emissions, trace_of};
+use kafka_support::{broker, by_id, emitted, fresh_topics, reference, same_emissions, trace_of};
 use process_support::{settle, sigterm, start_run, wait_exit, wait_for_rounds};
 use settle::config::Config;
 use settle::engine::Emission;
@@ -44,30 +44,7 @@ const STEP: Duration = Duration::from_secs(180);
 const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(10);
 
 fn config_text(kafka: &KafkaConfig, output: &str, data_dir: &Path) -> String {
-    format!(
-        r#"
-{common}
-
-[kafka]
-bootstrap-servers = "{bootstrap}"
-group-id = "{group}"
-input-topic = "{input}"
-dead-letter-topic = "{dlq}"
-[kafka.properties]
-"session.timeout.ms" = 6000
-"heartbeat.interval.ms" = 500
-
-[tiers]
-[[tiers.tier]]
-name = "normal"
-topic = "{output}"
-"#,
-        common = process_support::debounce_store_runtime(data_dir, SHUTDOWN_DEADLINE),
-        bootstrap = kafka.bootstrap_servers,
-        group = kafka.group_id,
-        input = kafka.input_topic,
-        dlq = kafka.dead_letter_topic,
-    )
+    process_support::kafka_config_text(kafka, output, data_dir, SHUTDOWN_DEADLINE, 6_000)
 }
 
 /// Emissions on the output topic so far (no minimum).
@@ -79,33 +56,6 @@ fn emitted_now(
     rt.block_on(emitted(kafka, output, "normal", 0, STEP))
 }
 
-/// A `[kafka]` section on fresh topics (input with [`PARTITIONS`], dead letters) and a fresh
-/// group, all named after `name`, plus the created output topic.
-fn fresh_topics(
-    rt: &tokio::runtime::Runtime,
-    bootstrap: &str,
-    name: &str,
-) -> Result<(KafkaConfig, String)> {
-    let id = format!("{name}-{}-{}", std::process::id(), now_ms());
-    let kafka = KafkaConfig {
-        bootstrap_servers: bootstrap.to_owned(),
-        group_id: format!("{id}-group"),
-        input_topic: format!("{id}-uploads"),
-        dead_letter_topic: format!("{id}-dlq"),
-        ..KafkaConfig::default()
-    };
-    let output = format!("{id}-ready");
-    rt.block_on(loadgen::create_topics(
-        &kafka,
-        &[
-            (&kafka.input_topic, PARTITIONS),
-            (&kafka.dead_letter_topic, 1),
-            (&output, 1),
-        ],
-    ))?;
-    Ok((kafka, output))
-}
-
 #[test]
 fn kafka_loadgen_run_sigkill_restart_sigterm() -> Result<()> {
     let Some(bootstrap) = broker("kafka_loadgen_run_sigkill_restart_sigterm") else {
@@ -115,7 +65,7 @@ fn kafka_loadgen_run_sigkill_restart_sigterm() -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let (kafka, output) = fresh_topics(&rt, &bootstrap, "process")?;
+    let (kafka, output) = fresh_topics(&rt, &bootstrap, "process", PARTITIONS)?;
     let dir = tempfile::tempdir()?;
     let config_path: PathBuf = dir.path().join("settle.toml");
     let text = config_text(&kafka, &output, &dir.path().join("data"));
@@ -190,11 +140,7 @@ fn kafka_loadgen_run_sigkill_restart_sigterm() -> Result<()> {
         &kafka.input_topic,
         PARTITIONS,
     ))?;
-    let mut ends = vec![None; PARTITIONS as usize];
-    for r in &input {
-        let end = &mut ends[r.partition as usize];
-        *end = Some(end.unwrap_or(0).max(r.offset + 1));
-    }
+    let ends = kafka_support::partition_ends(&input, PARTITIONS);
     ensure!(
         committed == ends,
         "committed {committed:?}, partition ends {ends:?}"
@@ -274,7 +220,7 @@ fn kafka_run_exits_when_a_store_cannot_open() -> Result<()> {
         .worker_threads(1)
         .enable_all()
         .build()?;
-    let (kafka, output) = fresh_topics(&rt, &bootstrap, "storefail")?;
+    let (kafka, output) = fresh_topics(&rt, &bootstrap, "storefail", PARTITIONS)?;
     let dir = tempfile::tempdir()?;
     // The data dir lies below a regular file: no store can be created there.
     let blocker = dir.path().join("not-a-dir");

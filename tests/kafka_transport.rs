@@ -162,6 +162,7 @@ async fn kafka_transport_round_trip() -> Result<()> {
         key: "t0/s0".into(),
         emission_id: "t0/s0/1".into(),
         payload: br#"{"ready":true}"#.to_vec(),
+        partition: Some(0),
     })
     .await?;
     let bad = InputRecord {
@@ -225,7 +226,9 @@ async fn kafka_revocation_waits_for_done() -> Result<()> {
     // A second member joins: the first must give some partitions up.
     let mut b = KafkaSource::new(&kafka)?;
     let (revoked, done) = match timeout(STEP, a.next_event()).await {
-        Ok(Ok(Some(SourceEvent::Revoked { partitions, done }))) => (partitions, done),
+        Ok(Ok(Some(SourceEvent::Revoked {
+            partitions, done, ..
+        }))) => (partitions, done),
         other => bail!("first member: expected a revocation, got {other:?}"),
     };
     ensure!(

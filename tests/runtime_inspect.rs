@@ -20,7 +20,7 @@ async fn inspect_reports_offsets_rounds_outbox_and_a_session() {
     let infos = inspect::find_stores(&InspectArgs::new(dir.to_path_buf())).unwrap();
     assert_eq!(infos.len(), 1);
     let (topic, p, path) = &infos[0];
-    let info = inspect::partition_info(topic, *p, path, 5).unwrap();
+    let info = inspect::partition_info(topic, *p, path, 5, 5).unwrap();
     assert_eq!(info.next_offset, Some(3));
     assert_eq!(info.sessions, 2);
     assert_eq!(info.pending_rounds, 2);
@@ -57,7 +57,7 @@ async fn inspect_reports_offsets_rounds_outbox_and_a_session() {
     // Once both rounds are out, the only timers left are the sessions' state expiries.
     f.run_until(|m| all(m, 1, |s| s.pending_rounds == 0 && s.outbox_len == 0))
         .await;
-    let info = inspect::partition_info(topic, *p, path, 5).unwrap();
+    let info = inspect::partition_info(topic, *p, path, 5, 5).unwrap();
     assert_eq!(info.next_due_is_round, vec![false, false]);
     let mut out = Vec::new();
     inspect::run(InspectArgs::new(dir.to_path_buf()), &mut out).unwrap();

@@ -200,7 +200,14 @@ async fn a_batch_that_fails_to_write_keeps_the_offset_and_stops_the_partition() 
     let input = inputs.pop().unwrap();
     let exit = tokio::time::timeout(
         Duration::from_secs(60),
-        partition::run(ctx, store, input, CancellationToken::new()),
+        partition::run(
+            ctx,
+            store,
+            input,
+            settle::runtime::Fence::new(0),
+            None,
+            CancellationToken::new(),
+        ),
     )
     .await
     .expect("a failed partition stops by itself");

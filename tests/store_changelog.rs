@@ -3,7 +3,9 @@
 //! store, an incremental restore from a checkpoint gives the same as a full one, and the
 //! dirty flag / checkpoint bookkeeping survives a reopen.
 
-use settle::engine::{Driver, Emission, Engine, Millis, PolicySpec, PolicyTable, SessionKey, Upload};
+use settle::engine::{
+    Driver, Emission, Engine, Millis, PolicySpec, PolicyTable, SessionKey, Upload,
+};
 use settle::store::{changelog_key, Change, PartitionStore, StoreOptions};
 use std::path::Path;
 
@@ -83,8 +85,13 @@ fn recorded_changes_restore_an_identical_store() {
     assert!(source.take_changes().is_empty(), "taken once");
     // The changelog order inside one write: outbox, then sessions and timers, then meta.
     let first_meta = changes.iter().position(|c| c.key.starts_with(b"meta\0"));
-    let first_session = changes.iter().position(|c| c.key.starts_with(b"sessions\0"));
-    assert!(first_session < first_meta, "meta comes after the data it describes");
+    let first_session = changes
+        .iter()
+        .position(|c| c.key.starts_with(b"sessions\0"));
+    assert!(
+        first_session < first_meta,
+        "meta comes after the data it describes"
+    );
     assert!(
         changes.iter().all(|c| !c.key.ends_with(b"changelog_dirty")),
         "local-only keys are never recorded"
@@ -98,7 +105,9 @@ fn recorded_changes_restore_an_identical_store() {
         .collect();
     // Applied in chunks, as a restore does.
     for chunk in log.chunks(37) {
-        restored.restore(chunk.iter().map(|(o, c)| (*o, c))).unwrap();
+        restored
+            .restore(chunk.iter().map(|(o, c)| (*o, c)))
+            .unwrap();
     }
     assert_eq!(restored.changelog_checkpoint(), Some(log.len() as i64));
     assert!(!restored.changelog_dirty());
@@ -201,6 +210,10 @@ fn a_record_of_an_unknown_column_family_is_refused_whole() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("tenants-v9"), "{err}");
-    assert_eq!(store.stored_offset(), None, "nothing of the chunk is stored");
+    assert_eq!(
+        store.stored_offset(),
+        None,
+        "nothing of the chunk is stored"
+    );
     assert_eq!(store.changelog_checkpoint(), None);
 }

@@ -40,7 +40,7 @@ fn groups_expand_to_the_cross_product_in_written_order() {
 #[test]
 fn default_sweep_is_the_documented_one() {
     let labels = labels(DEFAULT_SWEEP);
-    assert_eq!(labels.len(), 26);
+    assert_eq!(labels.len(), 34);
     for want in [
         "fixed 5s",
         "fixed 10s",
@@ -61,7 +61,41 @@ fn default_sweep_is_the_documented_one() {
             labels.iter().any(|l| *l == format!("{want}, max-wait 30m")),
             "{want} with max-wait"
         );
+        // Adaptive settings also come with learned initial delays; the others do not.
+        let learned = format!("{want}, learn");
+        assert_eq!(
+            labels.contains(&learned),
+            want.starts_with("adaptive"),
+            "{learned}"
+        );
+        assert_eq!(
+            labels
+                .iter()
+                .any(|l| *l == format!("{learned}, max-wait 30m")),
+            want.starts_with("adaptive"),
+            "{learned} with max-wait"
+        );
     }
+}
+
+#[test]
+fn learn_doubles_the_adaptive_settings_only() {
+    assert_eq!(
+        labels("fixed:5s;adaptive:5s/10m;learn:off,on;max-wait:none,30m"),
+        [
+            "fixed 5s",
+            "fixed 5s, max-wait 30m",
+            "adaptive 5s/10m",
+            "adaptive 5s/10m, max-wait 30m",
+            "adaptive 5s/10m, learn",
+            "adaptive 5s/10m, learn, max-wait 30m",
+        ]
+    );
+    let sweep: Sweep = "adaptive:5s/10m;learn:on".parse().unwrap();
+    assert_eq!(
+        sweep.settings,
+        [PolicySpec::adaptive(5_000, 600_000).with_learned_initial_delay(true)]
+    );
 }
 
 #[test]
@@ -78,6 +112,7 @@ fn errors_name_the_bad_token() {
         ("fixed:5s;max-wait:0ms", "`0ms`"),
         ("fixed:5s,,10s", "`5s,,10s`"),
         ("leading-trailing:", "`leading-trailing`"),
+        ("adaptive:5s/10m;learn:maybe", "`maybe`"),
     ];
     for (spec, token) in cases {
         let e = error(spec);
@@ -95,4 +130,5 @@ fn empty_and_max_wait_only_sweeps_are_refused() {
     assert_eq!("".parse::<Sweep>(), Err(SpecError::Empty));
     assert_eq!(" ; ".parse::<Sweep>(), Err(SpecError::Empty));
     assert_eq!("max-wait:30m".parse::<Sweep>(), Err(SpecError::NoPolicy));
+    assert_eq!("learn:on,off".parse::<Sweep>(), Err(SpecError::NoPolicy));
 }

@@ -8,12 +8,13 @@ use settle::tune::{self, describe, Goal, Sweep, TuneArgs};
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
 
-const TRACES: [&str; 5] = [
+const TRACES: [&str; 6] = [
     "burst-700.jsonl",
     "mixed.jsonl",
     "sparse.jsonl",
     "split-upload.jsonl",
     "trickle.jsonl",
+    "two-requests-20s.jsonl",
 ];
 
 fn trace_path(name: &str) -> PathBuf {
@@ -75,7 +76,7 @@ fn assert_same(what: &str, a: &RunStats, b: &RunStats) {
 #[test]
 fn default_sweep_on_seed_traces_lists_every_setting_and_agrees_with_simulate() {
     let sweep = Sweep::default();
-    assert_eq!(sweep.settings.len(), 26);
+    assert_eq!(sweep.settings.len(), 34);
     for name in TRACES {
         let (report, text) = tune_trace(name, &sweep, None).unwrap();
         assert_eq!(report.rows.len(), sweep.settings.len(), "{name}");

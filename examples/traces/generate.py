@@ -9,6 +9,9 @@ Scenarios come from the seed talk:
   split-upload.jsonl clients that split one big upload into 2 requests a few seconds apart
   sparse.jsonl       a sparse sender: single uploads, minutes to hours apart
   mixed.jsonl        all of the above for several tenants, merged in time order
+  two-requests-20s.jsonl
+                     a tenant whose sessions always upload in two requests 20 s apart
+                     (no part markers): what learned initial delays are for
 Usage: python3 examples/traces/generate.py  (writes next to this file)
 """
 import json, os, random, zlib
@@ -72,6 +75,16 @@ def sparse(rng, tenant="sparse", start=T0):
     return out
 
 
+def two_requests(rng, tenant="twostep", sessions=60, start=T0):
+    out = []
+    for s in range(sessions):
+        t = start + s * 60_000 + int(rng.uniform(0, 10_000))
+        gap = 20_000 + int(rng.uniform(-500, 500))
+        out.append(rec(tenant, f"job-{s}", t, event_id=f"j{s}-1"))
+        out.append(rec(tenant, f"job-{s}", t + gap, event_id=f"j{s}-2"))
+    return out
+
+
 def write(name, records):
     records.sort(key=lambda r: (r["ts"], r["tenant"], r["session"]))
     with open(os.path.join(HERE, name), "w") as f:
@@ -84,6 +97,7 @@ def main():
     write("trickle.jsonl", trickle(random.Random(2)))
     write("split-upload.jsonl", split(random.Random(3)))
     write("sparse.jsonl", sparse(random.Random(4)))
+    write("two-requests-20s.jsonl", two_requests(random.Random(6)))
     rng = random.Random(5)
     mixed = []
     for i in range(3):

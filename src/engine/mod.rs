@@ -14,13 +14,20 @@
 //! * generations increase by exactly one per emission of a key;
 //! * no emission has `due_at > now`.
 //!
+//! One extension of SEMANTICS §4, off by default: under `adaptive` with
+//! `learn-initial-delay`, a key's first upload (no CallTrack) starts from its tenant's learned
+//! delay instead of `min_delay` ([`learn`]; [`Engine::on_upload_from`]), everything else
+//! unchanged.
+//!
 //! This module must not import tokio, rocksdb, rdkafka, async-nats or read a clock; a test in
 //! `tests/engine_purity.rs` keeps that true.
 
+pub mod learn;
 pub mod partition;
 pub mod policy;
 pub mod types;
 
+pub use learn::{LearnSummary, TenantAges, TenantStats, MAX_LEARNED_TENANTS};
 pub use partition::{Driver, MemTable, SessionTable};
 pub use policy::{PolicySpec, PolicyTable, DEFAULT_STATE_TTL_MS};
 pub use types::{
@@ -48,6 +55,10 @@ pub struct Step {
     pub due_before: Option<Millis>,
     /// Due time of the key's timer after the step (`None`: the key's state is gone).
     pub due_after: Option<Millis>,
+    /// The interval (ms) this upload observed under `adaptive`: its event time minus the
+    /// key's CallTrack time, for an on-time upload of a key that had a track (`None`
+    /// otherwise, and for timer steps). What a tenant's learned delay is made of.
+    pub interval: Option<Millis>,
 }
 
 /// The debounce engine for one set of policies. Cheap to share; holds no per-key data.
@@ -96,12 +107,27 @@ impl Engine {
         upload: &Upload,
         out: &mut Vec<Emission>,
     ) -> Step {
+        self.on_upload_from(now, state, upload, None, out)
+    }
+
+    /// [`Engine::on_upload`] where a key without a CallTrack starts from `initial_delay`
+    /// (ms, the tenant's learned delay, `engine::learn`) instead of `min-delay` under
+    /// `adaptive`. `None` behaves exactly like [`Engine::on_upload`]; other policies ignore it.
+    pub fn on_upload_from(
+        &self,
+        now: Millis,
+        state: &mut Option<SessionState>,
+        upload: &Upload,
+        initial_delay: Option<Millis>,
+        out: &mut Vec<Emission>,
+    ) -> Step {
         let key = &upload.key;
         let spec = self.spec_for(key);
         let due_before = state.as_ref().map(|s| self.next_due(key, s));
         let now = now.max(upload.event_time);
         self.fire_due(now, key, state, out);
 
+        let mut interval = None;
         let applied = match state {
             Some(s)
                 if upload.event_id.is_some()
@@ -115,13 +141,14 @@ impl Engine {
                     Some(r) => r.uploads += 1,
                     None => {
                         let at = s.last_upload_at;
-                        apply_on_time(spec, key, s, upload, at, out);
+                        apply_on_time(spec, key, s, upload, at, initial_delay, out);
                     }
                 }
                 Applied::Late
             }
             Some(s) => {
-                apply_on_time(spec, key, s, upload, upload.event_time, out);
+                let at = upload.event_time;
+                interval = apply_on_time(spec, key, s, upload, at, initial_delay, out);
                 Applied::OnTime
             }
             None => {
@@ -129,7 +156,7 @@ impl Engine {
                     last_upload_at: upload.event_time,
                     ..SessionState::default()
                 });
-                apply_on_time(spec, key, s, upload, upload.event_time, out);
+                apply_on_time(spec, key, s, upload, upload.event_time, initial_delay, out);
                 Applied::OnTime
             }
         };
@@ -137,6 +164,7 @@ impl Engine {
             applied,
             due_before,
             due_after: state.as_ref().map(|s| self.next_due(key, s)),
+            interval,
         }
     }
 
@@ -155,6 +183,7 @@ impl Engine {
             applied: Applied::OnTime,
             due_before,
             due_after: state.as_ref().map(|s| self.next_due(key, s)),
+            interval: None,
         }
     }
 
@@ -217,20 +246,27 @@ impl Engine {
 
 /// Applies an on-time upload (or a late one opening a round, moved to `at`) to the key's
 /// state; emits `final`, `complete` or `leading` at once when the upload calls for it.
+/// Under `adaptive`, a key without a CallTrack starts from `initial_delay` (a learned delay)
+/// or else `min_delay`. Returns the interval since the CallTrack's time, if it had one.
 fn apply_on_time(
     spec: &PolicySpec,
     key: &SessionKey,
     s: &mut SessionState,
     upload: &Upload,
     at: Millis,
+    initial_delay: Option<Millis>,
     out: &mut Vec<Emission>,
-) {
+) -> Option<Millis> {
+    let mut interval = None;
     let delay = match spec.name {
         PolicyName::Fixed | PolicyName::LeadingTrailing => spec.delay,
         PolicyName::Adaptive => {
             let d = match s.track {
-                None => spec.min_delay,
-                Some(t) => t.delay.max(at - t.time).min(spec.max_delay),
+                None => initial_delay.unwrap_or(spec.min_delay),
+                Some(t) => {
+                    interval = Some(at - t.time);
+                    t.delay.max(at - t.time).min(spec.max_delay)
+                }
             };
             s.track = Some(CallTrack { time: at, delay: d });
             d
@@ -280,8 +316,12 @@ fn apply_on_time(
     } else {
         None
     };
-    let Some(trigger) = trigger else { return };
-    let Some(round) = s.round.take() else { return };
+    let Some(trigger) = trigger else {
+        return interval;
+    };
+    let Some(round) = s.round.take() else {
+        return interval;
+    };
     out.push(emission(spec, key, s, &round, trigger, at));
     if trigger == Trigger::Leading {
         // SEMANTICS §4 v2: the round stays open after its leading emission; it ends with a
@@ -295,6 +335,7 @@ fn apply_on_time(
             ..round
         });
     }
+    interval
 }
 
 /// Builds the emission closing (part of) `round` and bumps the key's generation.

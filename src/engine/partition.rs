@@ -5,7 +5,12 @@
 //! in-memory table ([`MemTable`], used by `settle simulate`, tests and benches) and the RocksDB
 //! store behave identically. Timers fire in `(due_at, session key)` order (SEMANTICS §3: a
 //! due emission fires when partition time ≥ its `due_at`).
+//!
+//! Under a policy that learns initial delays (`PolicySpec::learns`), the driver also reads
+//! the upload's tenant statistics from the table, hands the learned delay to the engine and
+//! records the interval the upload observed (`engine::learn`).
 
+use super::learn::{TenantAges, TenantStats, MAX_LEARNED_TENANTS};
 use super::types::{Emission, Millis, SessionKey, SessionState, Upload};
 use super::{Applied, Engine, Step};
 use rustc_hash::FxHashMap;
@@ -37,6 +42,12 @@ pub trait SessionTable {
     fn cancel_timer(&mut self, due: Millis, key: &SessionKey) -> Result<(), Self::Error>;
     /// The first timer in `(due, key)` order with `due ≤ now`, if any (not removed).
     fn first_due(&mut self, now: Millis) -> Result<Option<(Millis, SessionKey)>, Self::Error>;
+    /// The learned-delay statistics of `tenant` (`None`: none kept), `engine::learn`.
+    fn tenant_stats(&mut self, tenant: &str) -> Result<Option<TenantStats>, Self::Error>;
+    /// Stores `stats` for `tenant`. When `tenant` is new and the table already holds
+    /// [`MAX_LEARNED_TENANTS`] tenants, it first forgets the tenant with the smallest
+    /// `last_seen` (ties: the smallest name), so the table never holds more.
+    fn put_tenant_stats(&mut self, tenant: &str, stats: &TenantStats) -> Result<(), Self::Error>;
 }
 
 /// Counters of what a driver did, for summaries and metrics.
@@ -52,6 +63,8 @@ pub struct DriverStats {
     pub emissions: u64,
     /// Keys forgotten after `state-ttl`.
     pub expired: u64,
+    /// Keys whose first upload started from their tenant's learned delay (not `min-delay`).
+    pub learned_starts: u64,
 }
 
 /// Applies the engine to a partition through a [`SessionTable`].
@@ -135,10 +148,32 @@ impl Driver {
     ) -> Result<Applied, T::Error> {
         let now = now.max(upload.event_time);
         self.advance(table, now, out)?;
+        let spec = self.engine.spec_for(&upload.key);
+        let (learns, max_delay) = (spec.learns(), spec.max_delay);
+        let mut tenant = if learns {
+            table.tenant_stats(upload.key.tenant())?
+        } else {
+            None
+        };
         let before = out.len();
+        let mut initial_used = false;
         let step = table.update(&upload.key, |state| {
             let before = out.len();
-            let step = self.engine.on_upload(now, state, upload, out);
+            // The learned delay only matters to a key that has (or, once what is due fired,
+            // will have) no CallTrack: computed only then.
+            let fresh = state
+                .as_ref()
+                .is_none_or(|s| s.track.is_none() || self.engine.next_due(&upload.key, s) <= now);
+            let initial_delay = tenant
+                .as_ref()
+                .filter(|_| fresh)
+                .and_then(|t| t.learned_delay(spec));
+            let step = self
+                .engine
+                .on_upload_from(now, state, upload, initial_delay, out);
+            initial_used = initial_delay.is_some()
+                && step.applied == Applied::OnTime
+                && step.interval.is_none();
             // A redelivery changes nothing (every due round already fired in `advance`).
             let changed = step.applied != Applied::Redelivered
                 || out.len() > before
@@ -149,6 +184,15 @@ impl Driver {
             Applied::OnTime => self.stats.on_time += 1,
             Applied::Late => self.stats.late += 1,
             Applied::Redelivered => self.stats.redelivered += 1,
+        }
+        if initial_used {
+            self.stats.learned_starts += 1;
+        }
+        if let (true, Some(interval)) = (learns, step.interval) {
+            let stats = tenant.get_or_insert_with(TenantStats::default);
+            if stats.record(interval, now, max_delay) {
+                table.put_tenant_stats(upload.key.tenant(), stats)?;
+            }
         }
         self.record(table, &upload.key, step, out.len() - before)?;
         Ok(step.applied)
@@ -178,11 +222,14 @@ impl Driver {
     }
 }
 
-/// An in-memory [`SessionTable`]: a hash map of states and an ordered set of timers.
+/// An in-memory [`SessionTable`]: a hash map of states, an ordered set of timers, and the
+/// tenants' learned-delay statistics with their eviction order.
 #[derive(Clone, Debug, Default)]
 pub struct MemTable {
     sessions: FxHashMap<SessionKey, SessionState>,
     timers: BTreeSet<(Millis, SessionKey)>,
+    tenants: FxHashMap<Box<str>, TenantStats>,
+    tenant_ages: TenantAges,
 }
 
 impl MemTable {
@@ -227,6 +274,16 @@ impl MemTable {
     /// All timers in firing order.
     pub fn timers(&self) -> impl Iterator<Item = &(Millis, SessionKey)> {
         self.timers.iter()
+    }
+
+    /// The learned-delay statistics of `tenant`, if kept.
+    pub fn tenant(&self, tenant: &str) -> Option<&TenantStats> {
+        self.tenants.get(tenant)
+    }
+
+    /// Number of tenants with learned-delay statistics (at most [`MAX_LEARNED_TENANTS`]).
+    pub fn tenant_count(&self) -> usize {
+        self.tenants.len()
     }
 }
 
@@ -292,5 +349,31 @@ impl SessionTable for MemTable {
 
     fn first_due(&mut self, now: Millis) -> Result<Option<(Millis, SessionKey)>, Self::Error> {
         Ok(self.timers.first().filter(|(d, _)| *d <= now).cloned())
+    }
+
+    fn tenant_stats(&mut self, tenant: &str) -> Result<Option<TenantStats>, Self::Error> {
+        Ok(self.tenants.get(tenant).cloned())
+    }
+
+    fn put_tenant_stats(&mut self, tenant: &str, stats: &TenantStats) -> Result<(), Self::Error> {
+        if !self.tenants.contains_key(tenant) && self.tenants.len() >= MAX_LEARNED_TENANTS {
+            let oldest = self
+                .tenant_ages
+                .oldest_first()
+                .next()
+                .map(|(_, t)| Box::from(t));
+            if let Some(oldest) = oldest {
+                self.tenants.remove(&oldest);
+                self.tenant_ages.remove(&oldest);
+            }
+        }
+        self.tenant_ages.touch(tenant, stats.last_seen);
+        match self.tenants.get_mut(tenant) {
+            Some(s) => s.clone_from(stats),
+            None => {
+                self.tenants.insert(tenant.into(), stats.clone());
+            }
+        }
+        Ok(())
     }
 }

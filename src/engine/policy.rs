@@ -9,6 +9,7 @@ pub const DEFAULT_STATE_TTL_MS: Millis = 24 * 60 * 60 * 1000;
 
 /// One policy with its parameters (ms). Invariants (checked by [`PolicySpec::validate`]):
 /// `delay ≥ 1`, `1 ≤ min_delay ≤ max_delay`, `max_wait ≥ 1` when set, `state_ttl ≥ 1`.
+/// `learn_initial_delay` is used by `adaptive` only (other policies ignore it).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PolicySpec {
     /// Which policy.
@@ -23,6 +24,9 @@ pub struct PolicySpec {
     pub max_wait: Option<Millis>,
     /// `state-ttl` (ms): per-key state is forgotten this long after the last upload.
     pub state_ttl: Millis,
+    /// `learn-initial-delay` of `adaptive`: a key's first upload starts from its tenant's
+    /// learned delay instead of `min_delay` (see `engine::learn`).
+    pub learn_initial_delay: bool,
 }
 
 impl PolicySpec {
@@ -35,6 +39,7 @@ impl PolicySpec {
             max_delay: delay,
             max_wait: None,
             state_ttl: DEFAULT_STATE_TTL_MS,
+            learn_initial_delay: false,
         }
     }
 
@@ -55,6 +60,7 @@ impl PolicySpec {
             max_delay,
             max_wait: None,
             state_ttl: DEFAULT_STATE_TTL_MS,
+            learn_initial_delay: false,
         }
     }
 
@@ -67,6 +73,12 @@ impl PolicySpec {
     /// The same policy with `state-ttl` set to `ttl` ms.
     pub fn with_state_ttl(mut self, ttl: Millis) -> Self {
         self.state_ttl = ttl;
+        self
+    }
+
+    /// The same policy with `learn-initial-delay` set to `learn` (effective under `adaptive`).
+    pub fn with_learned_initial_delay(mut self, learn: bool) -> Self {
+        self.learn_initial_delay = learn;
         self
     }
 

@@ -43,6 +43,7 @@ pub mod pacer;
 pub mod partition;
 pub mod progress;
 pub mod publisher;
+pub mod restore;
 pub mod run_file;
 pub mod status;
 pub mod throttle;
@@ -52,14 +53,14 @@ pub use clock::{Clock, PartitionClock, SystemClock, TokioClock};
 pub use lookup::{Lookup, SessionLookup, SessionView};
 pub use pacer::CatchUpPacer;
 pub use partition::{PartitionContext, PartitionExit, PartitionSettings};
-pub use publisher::{PublishTarget, TierRouting};
+pub use publisher::{Fence, PublishTarget, TierRouting};
 pub use status::{PartitionState, PartitionStatus, StatusBoard, StatusMap};
 pub use tier_events::{read_snapshot, TierSnapshot, TIERS_FILE};
 
 use crate::config::Config;
 use crate::engine::Engine;
 use crate::metrics::Metrics;
-use crate::store::{self, MemoryBudget, PartitionStore, StoreOptions};
+use crate::store::{self, MemoryBudget, StoreOptions};
 use crate::tiers::{Router, SharedRouter, TierChange, TiersConfig};
 use crate::transport::{self, Backoff, PartitionInput, Sink, Source, SourceEvent};
 use std::collections::{BTreeMap, HashMap};
@@ -159,6 +160,7 @@ pub enum Error {
 
 struct Running {
     cancel: CancellationToken,
+    fence: Fence,
     join: JoinHandle<PartitionExit>,
 }
 
@@ -272,6 +274,8 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
                 Ok(Some(SourceEvent::Assigned(inputs))) => {
                     backoff.reset();
                     source_warn.clear();
+                    let partitions: Vec<i32> = inputs.iter().map(|i| i.partition()).collect();
+                    tracing::info!(?partitions, "partitions assigned");
                     for input in inputs {
                         let p = input.partition();
                         if let Some(old) = running.remove(&p) {
@@ -281,14 +285,29 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
                         running.insert(p, self.spawn(input));
                     }
                 }
-                Ok(Some(SourceEvent::Revoked { partitions, done })) => {
+                Ok(Some(SourceEvent::Revoked {
+                    partitions,
+                    lost,
+                    done,
+                })) => {
                     backoff.reset();
-                    let stopping = partitions
+                    let stopping: Vec<(i32, Running)> = partitions
                         .iter()
                         .filter_map(|p| running.remove(p).map(|r| (*p, r)))
                         .collect();
+                    if lost {
+                        // Another member may own them already: fence first, then stop.
+                        for (_, r) in &stopping {
+                            r.fence.revoke();
+                        }
+                    }
                     summary.partitions.extend(self.stop(stopping).await);
-                    tracing::info!(?partitions, "revoked partitions stopped");
+                    tracing::info!(
+                        ?partitions,
+                        lost,
+                        revoked_at_ms = self.ctx.clock.now_ms(),
+                        "partitions revoked"
+                    );
                     let _ = done.send(());
                 }
                 Ok(None) => {
@@ -328,6 +347,8 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
     fn spawn<I: PartitionInput>(&self, input: I) -> Running {
         let cancel = CancellationToken::new();
         let partition = input.partition();
+        let fence = Fence::new(partition);
+        let task_fence = fence.clone();
         let path = store::partition_path(&self.options.data_dir, input.topic(), partition);
         let span = tracing::info_span!("partition", topic = input.topic(), partition);
         let ctx = self.ctx.clone();
@@ -337,10 +358,40 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
             async move {
                 ctx.status
                     .set(PartitionStatus::starting(input.topic(), partition));
-                match PartitionStore::open_with_budget(&path, &store_options, &budget) {
-                    Ok(store) => partition::run(ctx, store, input, task_cancel).await,
-                    Err(e) => {
-                        let reason = format!("partition store: {e}");
+                // Exactly-once: the transaction writer first; creating it fences every
+                // earlier writer of the partition and ends its open transaction, so the
+                // restore below reads a changelog nobody else appends to.
+                let txn =
+                    restore::retry_unavailable("transactions", partition, &task_cancel, || {
+                        ctx.sink.transactions(partition)
+                    });
+                let txn = match txn.await {
+                    Ok(Some(txn)) => txn,
+                    Ok(None) => return PartitionExit::Stopped { flushed: true },
+                    Err(reason) => {
+                        tracing::error!(error = %reason, "partition not started");
+                        ctx.status.update(partition, |s| {
+                            s.state = PartitionState::Failed(reason.clone());
+                        });
+                        return PartitionExit::Failed(reason);
+                    }
+                };
+                let restored = restore::open_and_restore(
+                    &ctx.sink,
+                    &path,
+                    &store_options,
+                    &budget,
+                    partition,
+                    &ctx.status,
+                    &task_cancel,
+                )
+                .await;
+                match restored {
+                    Ok(Some((store, _))) => {
+                        partition::run(ctx, store, input, task_fence, txn, task_cancel).await
+                    }
+                    Ok(None) => PartitionExit::Stopped { flushed: true },
+                    Err(reason) => {
                         tracing::error!(error = %reason, "partition not started");
                         ctx.status.update(partition, |s| {
                             s.state = PartitionState::Failed(reason.clone());
@@ -351,7 +402,11 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
             }
             .instrument(span),
         );
-        Running { cancel, join }
+        Running {
+            cancel,
+            fence,
+            join,
+        }
     }
 
     /// Cancels `tasks` and waits for them up to `shutdown-deadline`; aborts the rest.
@@ -361,9 +416,9 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
         }
         let deadline = tokio::time::Instant::now() + self.options.shutdown_deadline;
         let mut exits = Vec::with_capacity(tasks.len());
-        for (p, r) in tasks {
+        for (p, mut r) in tasks {
             let abort = r.join.abort_handle();
-            let exit = match tokio::time::timeout_at(deadline, r.join).await {
+            let exit = match tokio::time::timeout_at(deadline, &mut r.join).await {
                 Ok(Ok(exit)) => exit,
                 Ok(Err(e)) => {
                     PartitionExit::Failed(format!("partition task ended abnormally: {e}"))
@@ -377,6 +432,8 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
                     PartitionExit::Stopped { flushed: false }
                 }
             };
+            // Stopped or aborted: nothing more is published for the partition from here.
+            r.fence.revoke();
             exits.push((p, exit));
         }
         exits

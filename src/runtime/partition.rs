@@ -52,14 +52,15 @@
 use super::clock::{Clock, PartitionClock};
 use super::lookup::{SessionLookup, SessionQuery, SessionView};
 use super::pacer::CatchUpPacer;
-use super::publisher::{self, PublishTarget, TierRouting};
+use super::publisher::{self, Fence, PublishTarget, TierRouting};
 use super::status::{PartitionState, PartitionStatus, StatusBoard};
 use super::throttle::LogThrottle;
 use crate::codec;
 use crate::engine::{Applied, Driver, Emission, Engine, Millis, SessionTable, Upload};
 use crate::metrics::{Metrics, PartitionMetrics};
 use crate::store::{self, Batch, PartitionStore};
-use crate::transport::{Backoff, InputRecord, PartitionInput, Sink};
+use crate::transport::{self, Backoff, InputRecord, PartitionInput, Sink, TxnWriter};
+use futures::future::{BoxFuture, FutureExt};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
@@ -79,6 +80,11 @@ pub const COMMIT_INTERVAL: Duration = Duration::from_millis(500);
 /// per loop turn, so waiting a whole `idle-tick` there would cap an idle partition's
 /// publishing at one window per tick (2 560 emissions/s with the defaults).
 pub const FEED_WAIT: Duration = Duration::from_millis(1);
+
+/// Most changelog appends (one per store write) waiting for their acknowledgement before
+/// the task stops taking input and waits for the changelog to catch up (backpressure while
+/// the changelog's broker is slow or down).
+pub const CHANGELOG_APPENDS_IN_FLIGHT: usize = 1024;
 
 /// How a partition task ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -154,15 +160,22 @@ struct StepReport {
     next_offset: Option<i64>,
 }
 
-/// Runs the task of the partition read by `input`, on the already opened `store`, until
-/// `cancel` fires or a fatal error. Resumes from the store: seeks the input to the stored
-/// next offset, re-arms timers (they are in the store), re-publishes the outbox.
+/// Runs the task of the partition read by `input`, on the already opened (and, with a
+/// changelog, restored) `store`, until `cancel` fires or a fatal error. Resumes from the
+/// store: seeks the input to the stored next offset, re-arms timers (they are in the store),
+/// re-publishes the outbox. When the sink has a changelog, every store write is appended
+/// to it (see [`crate::store::changelog`]); once `fence` is revoked nothing more is
+/// published or appended.
 pub async fn run<I: PartitionInput, K: Sink, C: Clock>(
     ctx: PartitionContext<K, C>,
-    store: PartitionStore,
+    mut store: PartitionStore,
     input: I,
+    fence: Fence,
+    txn: Option<Box<dyn TxnWriter>>,
     cancel: CancellationToken,
 ) -> PartitionExit {
+    let changelog = ctx.sink.changelog().is_some();
+    store.record_changes(changelog || txn.is_some());
     let partition = input.partition();
     let (entries_tx, entries_rx) = mpsc::channel(ctx.settings.publish.window.max(1));
     let (acks_tx, acks_rx) = mpsc::unbounded_channel();
@@ -175,6 +188,7 @@ pub async fn run<I: PartitionInput, K: Sink, C: Clock>(
             ctx.clock.clone(),
             ctx.settings.publish.clone(),
             ctx.tiers.clone(),
+            fence.clone(),
             entries_rx,
             acks_tx,
             publish_metrics,
@@ -200,6 +214,14 @@ pub async fn run<I: PartitionInput, K: Sink, C: Clock>(
         metrics: ctx.metrics.partition(input.topic(), partition),
         queries,
         warn: Warnings::default(),
+        changelog: Changelog {
+            enabled: changelog && txn.is_none(),
+            acks: VecDeque::new(),
+            acked: None,
+            synced_at: Instant::now(),
+        },
+        fence,
+        txn,
         ctx,
         store,
         input,
@@ -251,6 +273,23 @@ struct Task<I, K, C> {
     /// Session queries of the admin endpoint.
     queries: mpsc::Receiver<SessionQuery>,
     warn: Warnings,
+    changelog: Changelog,
+    fence: Fence,
+    /// Exactly-once mode: every store write is committed in a transaction with its
+    /// emissions and input offset (`None`: at-least-once).
+    txn: Option<Box<dyn TxnWriter>>,
+}
+
+/// The task's side of the changelog.
+struct Changelog {
+    /// The sink has a changelog: store writes are recorded and appended.
+    enabled: bool,
+    /// Appends not acknowledged yet, in append order.
+    acks: VecDeque<BoxFuture<'static, Result<i64, transport::Error>>>,
+    /// Changelog offset after the last acknowledged append.
+    acked: Option<i64>,
+    /// When the store's checkpoint was last written.
+    synced_at: Instant,
 }
 
 /// One log throttle per warning the task's loops can repeat.
@@ -307,12 +346,25 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
         let mut paused: Option<Duration> = None;
         loop {
             self.take_acks().map_err(fatal)?;
+            self.ship_changes()?;
             self.feed_publisher().map_err(fatal)?;
             while let Ok(q) = self.queries.try_recv() {
                 answer(&self.store, &self.ctx.engine, &self.status, q);
             }
             if cancel.is_cancelled() {
                 return Ok(());
+            }
+            if self.changelog.acks.len() >= CHANGELOG_APPENDS_IN_FLIGHT {
+                // Backpressure: the changelog is behind; wait for its oldest append.
+                tokio::select! {
+                    () = cancel.cancelled() => return Ok(()),
+                    () = tokio::time::sleep(self.ctx.settings.idle_tick) => {}
+                    r = self.changelog.acks.front_mut().expect("len checked") => {
+                        self.changelog.acks.pop_front();
+                        self.changelog.acked = Some(r.map_err(|e| format!("changelog: {e}"))?);
+                    }
+                }
+                continue;
             }
             if self.held.is_empty() {
                 let wait = self.poll_wait(paused).map_err(fatal)?;
@@ -358,6 +410,14 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
                 pause(cancel, p).await;
             }
             let report = self.step().map_err(fatal)?;
+            if self.txn.is_some() {
+                self.commit_transaction(report.next_offset).await?;
+                paused = report.paused;
+                self.refresh_status().map_err(fatal)?;
+                tokio::task::yield_now().await;
+                continue;
+            }
+            self.ship_changes()?;
             paused = report.paused;
             if let Some(next) = report.next_offset {
                 self.uncommitted = Some(next);
@@ -369,6 +429,9 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
                     || self.committed_at.elapsed() >= COMMIT_INTERVAL)
             {
                 self.commit_offset().await;
+            }
+            if self.changelog.synced_at.elapsed() >= COMMIT_INTERVAL {
+                self.sync_changelog().map_err(fatal)?;
             }
             self.refresh_status().map_err(fatal)?;
             // Let the publisher and other partitions run between steps of a long catch-up.
@@ -564,6 +627,131 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
         Ok(report)
     }
 
+    /// Appends the store writes recorded since the last call to the changelog (when the
+    /// sink has one and the partition is still owned) and collects finished appends.
+    /// A fenced partition appends nothing: its store stays dirty, and is restored from the
+    /// changelog if this process owns the partition again.
+    ///
+    /// Errors: a failed append (fatal for the partition: the changelog holds a prefix of
+    /// this store's writes, which the next owner restores).
+    fn ship_changes(&mut self) -> Result<(), String> {
+        let cl = &mut self.changelog;
+        if !cl.enabled {
+            return Ok(());
+        }
+        let changes = self.store.take_changes();
+        while let Some(front) = cl.acks.front_mut() {
+            match front.now_or_never() {
+                Some(Ok(next)) => {
+                    cl.acks.pop_front();
+                    cl.acked = Some(next);
+                }
+                Some(Err(e)) => return Err(format!("changelog: {e}")),
+                None => break,
+            }
+        }
+        if changes.is_empty() || !self.fence.owned() {
+            return Ok(());
+        }
+        let ack = self
+            .ctx
+            .sink
+            .append_changes(self.status.partition, &changes)
+            .map_err(|e| format!("changelog: {e}"))?;
+        cl.acks.push_back(ack);
+        Ok(())
+    }
+
+    /// Exactly-once: commits what the last store write did in one transaction: every owed
+    /// emission (routed now, deleted from the outbox first so the transaction's changelog
+    /// records hold the put and the delete), the recorded changelog records, and the input
+    /// offset `next_offset`. Then the changelog checkpoint. Does nothing when the store
+    /// recorded nothing.
+    ///
+    /// Errors: a failed transaction (fenced, aborted): fatal for the partition; the local
+    /// store stays dirty and is restored from the committed changelog on the next start.
+    async fn commit_transaction(&mut self, next_offset: Option<i64>) -> Result<(), String> {
+        if self.store.pending_changes() == 0 && next_offset.is_none() {
+            return Ok(());
+        }
+        if !self.fence.owned() {
+            return Err("partition fenced: transaction not committed".into());
+        }
+        let owed = self.store.outbox_peek(usize::MAX).map_err(fatal)?;
+        let now = self.ctx.clock.now_ms();
+        let partition = self.partition();
+        let mut seqs = Vec::with_capacity(owed.len());
+        let messages: Vec<transport::ReadyMessage> = owed
+            .into_iter()
+            .map(|entry| {
+                seqs.push(entry.seq);
+                let routed = self.ctx.tiers.route(entry, now);
+                publisher::ready_message(&routed, now, partition)
+            })
+            .collect();
+        if !seqs.is_empty() {
+            self.store.outbox_ack(&seqs).map_err(fatal)?;
+        }
+        let changes = self.store.take_changes();
+        let sent = messages.len() as u64;
+        let txn = self.txn.as_mut().expect("checked by the caller");
+        let next = txn
+            .commit(messages, &changes, next_offset)
+            .await
+            .map_err(|e| format!("transaction: {e}"))?;
+        self.status.published += sent;
+        if let Some(next) = next {
+            self.store.changelog_synced(next).map_err(fatal)?;
+        }
+        Ok(())
+    }
+
+    /// Writes the changelog checkpoint when every store write is acknowledged by the
+    /// changelog (the store is clean again; see [`crate::store::changelog`]).
+    fn sync_changelog(&mut self) -> Result<(), store::Error> {
+        let cl = &mut self.changelog;
+        cl.synced_at = Instant::now();
+        if !cl.enabled || !cl.acks.is_empty() || self.store.pending_changes() > 0 {
+            return Ok(());
+        }
+        match cl.acked {
+            Some(next)
+                if self.store.changelog_dirty()
+                    || self.store.changelog_checkpoint() != Some(next) =>
+            {
+                self.store.changelog_synced(next)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// At stop: waits (until `deadline`) for every changelog append to be acknowledged,
+    /// then writes the checkpoint. A fenced partition waits for nothing.
+    async fn drain_changelog(&mut self, deadline: Instant) -> Result<(), String> {
+        self.ship_changes()?;
+        while let Some(front) = self.changelog.acks.front_mut() {
+            if !self.fence.owned() {
+                break;
+            }
+            match tokio::time::timeout_at(deadline, front).await {
+                Ok(Ok(next)) => {
+                    self.changelog.acks.pop_front();
+                    self.changelog.acked = Some(next);
+                }
+                Ok(Err(e)) => return Err(format!("changelog: {e}")),
+                Err(_) => {
+                    tracing::warn!(
+                        partition = self.partition(),
+                        appends = self.changelog.acks.len(),
+                        "changelog appends not acknowledged before the deadline; the store stays dirty and is restored from the changelog if this instance owns the partition again"
+                    );
+                    return Ok(());
+                }
+            }
+        }
+        self.sync_changelog().map_err(fatal)
+    }
+
     /// Deletes acknowledged emissions from the outbox.
     fn take_acks(&mut self) -> Result<(), store::Error> {
         let mut seqs = Vec::new();
@@ -658,6 +846,10 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
         self.commit_offset().await;
         let deadline = Instant::now() + self.ctx.settings.flush_timeout;
         loop {
+            if !self.fence.owned() {
+                // Lost, not handed back: the next owner publishes what is owed.
+                break;
+            }
             if let Err(e) = self.take_acks().and_then(|()| self.feed_publisher()) {
                 return PartitionExit::Failed(fatal(e));
             }
@@ -675,8 +867,11 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
                 Ok(None) | Err(_) => break,
             }
         }
+        if let Err(reason) = self.drain_changelog(deadline).await {
+            return PartitionExit::Failed(reason);
+        }
         let flushed = self.store.outbox_len() == 0;
-        if !flushed {
+        if !flushed && self.fence.owned() {
             tracing::warn!(
                 partition = self.partition(),
                 owed = self.store.outbox_len(),

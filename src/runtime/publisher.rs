@@ -39,8 +39,47 @@ use crate::tiers::{SharedRouter, TierChange};
 use crate::transport::{Backoff, ReadyMessage, Sink};
 use futures::stream::{FuturesUnordered, StreamExt};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
+
+/// The ownership fence of one partition task (SEMANTICS §6 "Single writer"; issue "state
+/// handoff"): set while this process owns the partition. The runtime drops it when the
+/// partition is revoked (at once when the assignment was lost, after the task stopped
+/// otherwise); from then on the publisher starts no publish and the partition task appends
+/// nothing to the changelog for it, so an instance that lost a partition does not emit for
+/// it any more. Cheap to clone (shared flag).
+#[derive(Clone, Debug)]
+pub struct Fence {
+    partition: i32,
+    owned: Arc<AtomicBool>,
+}
+
+impl Fence {
+    /// An owned partition's fence.
+    pub fn new(partition: i32) -> Self {
+        Fence {
+            partition,
+            owned: Arc::new(AtomicBool::new(true)),
+        }
+    }
+
+    /// The partition number.
+    pub fn partition(&self) -> i32 {
+        self.partition
+    }
+
+    /// True while the partition is owned.
+    pub fn owned(&self) -> bool {
+        self.owned.load(Ordering::Acquire)
+    }
+
+    /// Fences the partition: nothing more is published or appended for it by this process.
+    pub fn revoke(&self) {
+        self.owned.store(false, Ordering::Release);
+    }
+}
 
 /// How one partition's emissions are published (where: see [`TierRouting`]).
 #[derive(Clone, Debug)]
@@ -72,7 +111,7 @@ impl TierRouting {
 
     /// Routes one emission of `entry` at wall-clock time `now_ms` (ms) and forwards the tier
     /// change it caused, if any.
-    fn route(&self, entry: OutboxEntry, now_ms: Millis) -> Routed {
+    pub(super) fn route(&self, entry: OutboxEntry, now_ms: Millis) -> Routed {
         let route = self.router.route(entry.emission.key.tenant(), now_ms);
         let routed = Routed {
             tier: route.tier.to_owned(),
@@ -88,36 +127,57 @@ impl TierRouting {
 }
 
 /// An owed emission with the tier and topic chosen for it on its first attempt.
-struct Routed {
-    entry: OutboxEntry,
+pub(super) struct Routed {
+    pub(super) entry: OutboxEntry,
     tier: String,
     topic: String,
 }
 
+/// The ready record of `routed`, sent at wall-clock `now_ms` (its `emitted_at`) by the task
+/// of input partition `partition`.
+pub(super) fn ready_message(routed: &Routed, now_ms: Millis, partition: i32) -> ReadyMessage {
+    let e = &routed.entry.emission;
+    ReadyMessage {
+        topic: routed.topic.clone(),
+        tier: routed.tier.clone(),
+        key: e.key.to_string(),
+        emission_id: e.emission_id(),
+        payload: codec::encode_ready(e, now_ms, &routed.tier),
+        partition: Some(partition),
+    }
+}
+
 /// Runs until `entries` is closed and everything received is acknowledged (or until the
 /// task is aborted: the partition task aborts it at the shutdown deadline; whatever is not
-/// acknowledged stays in the outbox and is published again after a restart). Records what
-/// it publishes in `metrics`.
+/// acknowledged stays in the outbox and is published again after a restart), or until
+/// `fence` is revoked: then it starts no further publish (what is in flight may still be
+/// acknowledged) and returns; the owed emissions stay in the outbox (and the changelog) for
+/// the partition's next owner. Records what it publishes in `metrics`.
+#[allow(clippy::too_many_arguments)]
 pub async fn run<K: Sink, C: Clock>(
     sink: K,
     clock: C,
     target: PublishTarget,
     tiers: TierRouting,
+    fence: Fence,
     mut entries: mpsc::Receiver<OutboxEntry>,
     acks: mpsc::UnboundedSender<u64>,
     mut metrics: PublishMetrics,
 ) {
     let sink = &sink;
     let target = &target;
+    let partition = fence.partition();
+    let fence = &fence;
     let publish = |routed: Routed, now_ms: Millis| async move {
-        let e = &routed.entry.emission;
-        let message = ReadyMessage {
-            topic: routed.topic.clone(),
-            tier: routed.tier.clone(),
-            key: e.key.to_string(),
-            emission_id: e.emission_id(),
-            payload: codec::encode_ready(e, now_ms, &routed.tier),
-        };
+        let message = ready_message(&routed, now_ms, partition);
+        // Checked last, right before the record is handed to the sink.
+        if !fence.owned() {
+            let fenced = crate::transport::Error::Fatal {
+                transport: "runtime",
+                reason: format!("partition {partition} is no longer owned"),
+            };
+            return (routed, now_ms, Err(fenced));
+        }
         let result = sink.publish(message).await;
         (routed, now_ms, result)
     };
@@ -128,6 +188,14 @@ pub async fn run<K: Sink, C: Clock>(
     let mut failing = LogThrottle::default();
     let mut open = true;
     loop {
+        if !fence.owned() {
+            tracing::info!(
+                partition,
+                in_flight = in_flight.len(),
+                "partition fenced: the publisher starts no more publishes for it"
+            );
+            return;
+        }
         let can_start = open && retry.is_empty() && in_flight.len() < target.window.max(1);
         if !open && in_flight.is_empty() && retry.is_empty() {
             return;
@@ -152,6 +220,7 @@ pub async fn run<K: Sink, C: Clock>(
                         return;
                     }
                 }
+                Err(_) if !fence.owned() => {}
                 Err(e) => {
                     metrics.publish_failed(&routed.tier);
                     match failing.allow() {
@@ -178,6 +247,9 @@ pub async fn run<K: Sink, C: Clock>(
             },
             () = sleep_until(retry_at), if retry_at.is_some() && in_flight.is_empty() => {
                 retry_at = None;
+                if !fence.owned() {
+                    continue;
+                }
                 let now = clock.now_ms();
                 for (_, routed) in std::mem::take(&mut retry) {
                     in_flight.push(publish(routed, now));
@@ -246,6 +318,7 @@ mod tests {
             clock,
             target,
             tiers,
+            Fence::new(0),
             entries_rx,
             acks_tx,
             crate::metrics::Metrics::new().publisher(["normal", "limited"]),

@@ -14,6 +14,9 @@ use tokio::sync::watch;
 pub enum PartitionState {
     /// Opening its store, seeking, re-arming timers and the outbox.
     Starting,
+    /// Replaying the changelog into its store before it takes input (see
+    /// `PartitionStatus::restore_remaining`).
+    Restoring,
     /// Behind: consumer lag > 0, or overdue rounds still being released (catch-up pacing).
     CatchingUp,
     /// Caught up: partition time follows the wall clock.
@@ -28,11 +31,12 @@ pub enum PartitionState {
 }
 
 impl PartitionState {
-    /// `starting`, `catching_up`, `live`, `stopping`, `stopped` or `failed` (admin endpoint
+    /// `starting`, `restoring`, `catching_up`, `live`, `stopping`, `stopped` or `failed` (admin endpoint
     /// and the `state` metrics label).
     pub fn as_str(&self) -> &'static str {
         match self {
             PartitionState::Starting => "starting",
+            PartitionState::Restoring => "restoring",
             PartitionState::CatchingUp => "catching_up",
             PartitionState::Live => "live",
             PartitionState::Stopping => "stopping",
@@ -74,6 +78,9 @@ pub struct PartitionStatus {
     pub emissions: u64,
     /// Emissions acknowledged by the sink.
     pub published: u64,
+    /// Changelog records still to replay before the partition takes input (estimate from
+    /// the broker's end offset; 0 when not restoring).
+    pub restore_remaining: u64,
 }
 
 impl PartitionStatus {
@@ -94,6 +101,7 @@ impl PartitionStatus {
             dead_letters: 0,
             emissions: 0,
             published: 0,
+            restore_remaining: 0,
         }
     }
 

@@ -18,15 +18,17 @@
 //! not assume anything about what the store held, so a stale stored timer is still deleted
 //! by its cancel.
 
+use super::changelog::{Writes, META_CHANGELOG_DIRTY};
 use super::error::Error;
 use super::keys::{
-    self, CF_META, CF_OUTBOX, CF_SESSIONS, CF_TIMERS, META_OFFSET, META_OPEN_ROUNDS,
+    self, CF_META, CF_OUTBOX, CF_SESSIONS, CF_TENANTS, CF_TIMERS, META_OFFSET, META_OPEN_ROUNDS,
     META_OUTBOX_LEN, META_OUTBOX_NEXT_SEQ, META_PARTITION_TIME, META_SESSIONS, META_TIMER_FLOOR,
     TIMER_FLOOR_END,
 };
-use super::changelog::{Writes, META_CHANGELOG_DIRTY};
 use super::{cf, StoreState};
-use crate::engine::{Emission, Millis, SessionKey, SessionState, SessionTable};
+use crate::engine::{
+    Emission, Millis, SessionKey, SessionState, SessionTable, TenantStats, MAX_LEARNED_TENANTS,
+};
 use rocksdb::{DBRawIterator, DB};
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::hash_map::Entry;
@@ -39,6 +41,16 @@ struct Slot {
     /// The state as of the batch's writes.
     current: Option<SessionState>,
     /// Written by the batch (a put or a delete is owed).
+    dirty: bool,
+}
+
+/// One tenant's learned-delay statistics as the batch knows them.
+struct TenantSlot {
+    /// The store holds the tenant (committed).
+    base: bool,
+    /// The statistics as of the batch's writes (`None`: none, or evicted by the batch).
+    current: Option<TenantStats>,
+    /// Written by the batch.
     dirty: bool,
 }
 
@@ -76,6 +88,8 @@ pub struct Batch<'s> {
     outbox: Vec<Vec<u8>>,
     offset: Option<i64>,
     partition_time: Option<Millis>,
+    /// Tenants' learned-delay statistics read or written by the batch.
+    tenants: FxHashMap<Box<str>, TenantSlot>,
 }
 
 impl<'s> Batch<'s> {
@@ -93,6 +107,7 @@ impl<'s> Batch<'s> {
             outbox: Vec::new(),
             offset: None,
             partition_time: None,
+            tenants: FxHashMap::default(),
         }
     }
 
@@ -121,10 +136,10 @@ impl<'s> Batch<'s> {
         self.outbox.len()
     }
 
-    /// Writes the whole batch (sessions, timers, outbox, offset, partition time and the
-    /// store's counters) in ONE RocksDB write batch: after a crash either all of it is
-    /// stored or none. On error nothing is stored and the store is as before the batch;
-    /// the runtime treats the error as fatal for the partition.
+    /// Writes the whole batch (sessions, tenants' learned-delay statistics, timers, outbox,
+    /// offset, partition time and the store's counters) in ONE RocksDB write batch: after a
+    /// crash either all of it is stored or none. On error nothing is stored and the store is
+    /// as before the batch; the runtime treats the error as fatal for the partition.
     ///
     /// Errors: [`Error::Write`] (RocksDB refused the write), [`Error::InjectedFault`].
     pub fn commit(mut self) -> Result<(), Error> {
@@ -144,7 +159,11 @@ impl<'s> Batch<'s> {
         let next_seq = meta.next_seq + self.outbox.len() as u64;
         let outbox_len = meta.outbox_len + self.outbox.len() as u64;
         for (i, value) in self.outbox.iter().enumerate() {
-            w.put(CF_OUTBOX, &keys::outbox_key(meta.next_seq + i as u64), value);
+            w.put(
+                CF_OUTBOX,
+                &keys::outbox_key(meta.next_seq + i as u64),
+                value,
+            );
         }
 
         let (mut sessions, mut open_rounds) = (meta.sessions as i64, meta.open_rounds as i64);
@@ -167,6 +186,19 @@ impl<'s> Batch<'s> {
             }
         }
         let (sessions, open_rounds) = (sessions.max(0) as u64, open_rounds.max(0) as u64);
+
+        let mut tenants: Vec<(&Box<str>, &TenantSlot)> =
+            self.tenants.iter().filter(|(_, t)| t.dirty).collect();
+        tenants.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        for (name, slot) in &tenants {
+            match &slot.current {
+                Some(stats) => {
+                    buf = keys::encode_tenant_into(stats, buf)?;
+                    w.put(CF_TENANTS, name.as_bytes(), &buf);
+                }
+                None => w.delete(CF_TENANTS, name.as_bytes()),
+            }
+        }
 
         let mut timer_dels: Vec<&Vec<u8>> = self.timer_dels.iter().collect();
         timer_dels.sort_unstable();
@@ -211,6 +243,14 @@ impl<'s> Batch<'s> {
         w.write(&self.state.write_opts)?;
 
         let state = &mut *self.state;
+        for (name, slot) in tenants {
+            match &slot.current {
+                Some(stats) => state.tenants.touch(name, stats.last_seen),
+                None => {
+                    state.tenants.remove(name);
+                }
+            }
+        }
         state.changes.append(&mut recorded);
         state.changelog_dirty |= mark_dirty;
         let meta = &mut state.meta;
@@ -240,6 +280,63 @@ impl<'s> Batch<'s> {
                     dirty: false,
                 }))
             }
+        }
+    }
+
+    /// The slot of `tenant`, read from the store on first use (no read for a tenant the
+    /// store does not hold).
+    fn tenant_slot(&mut self, tenant: &str) -> Result<&mut TenantSlot, Error> {
+        if !self.tenants.contains_key(tenant) {
+            let base = self.state.tenants.contains(tenant);
+            let current = if base {
+                read_tenant(self.db, tenant)?
+            } else {
+                None
+            };
+            self.tenants.insert(
+                tenant.into(),
+                TenantSlot {
+                    base: current.is_some(),
+                    current,
+                    dirty: false,
+                },
+            );
+        }
+        // Inserted just above when missing.
+        Ok(self
+            .tenants
+            .get_mut(tenant)
+            .expect("the slot was just inserted"))
+    }
+
+    /// Tenants with statistics as of the batch's writes.
+    fn tenant_count(&self) -> usize {
+        let committed = self.state.tenants.len() as i64;
+        let delta: i64 = self
+            .tenants
+            .values()
+            .map(|t| i64::from(t.current.is_some()) - i64::from(t.base))
+            .sum();
+        (committed + delta).max(0) as usize
+    }
+
+    /// The tenant other than `except` with the smallest `(last_seen, name)` as of the
+    /// batch's writes: the one to evict.
+    fn stalest_tenant(&self, except: &str) -> Option<Box<str>> {
+        let committed = self
+            .state
+            .tenants
+            .oldest_first()
+            .find(|(_, name)| !self.tenants.contains_key(*name) && *name != except);
+        let touched = self
+            .tenants
+            .iter()
+            .filter_map(|(name, t)| Some((t.current.as_ref()?.last_seen, &**name)))
+            .filter(|(_, name)| *name != except)
+            .min();
+        match (committed, touched) {
+            (Some(a), Some(b)) => Some(a.min(b).1.into()),
+            (a, b) => a.or(b).map(|(_, name)| name.into()),
         }
     }
 
@@ -338,6 +435,28 @@ impl SessionTable for Batch<'_> {
         Ok(())
     }
 
+    fn tenant_stats(&mut self, tenant: &str) -> Result<Option<TenantStats>, Error> {
+        Ok(self.tenant_slot(tenant)?.current.clone())
+    }
+
+    fn put_tenant_stats(&mut self, tenant: &str, stats: &TenantStats) -> Result<(), Error> {
+        let is_new = self.tenant_slot(tenant)?.current.is_none();
+        if is_new && self.tenant_count() >= MAX_LEARNED_TENANTS {
+            if let Some(victim) = self.stalest_tenant(tenant) {
+                let slot = self.tenant_slot(&victim)?;
+                slot.current = None;
+                slot.dirty = true;
+            }
+        }
+        let slot = self.tenant_slot(tenant)?;
+        match &mut slot.current {
+            Some(s) => s.clone_from(stats),
+            None => slot.current = Some(stats.clone()),
+        }
+        slot.dirty = true;
+        Ok(())
+    }
+
     fn first_due(&mut self, now: Millis) -> Result<Option<(Millis, SessionKey)>, Error> {
         self.resolve_head()?;
         let db_head = match &self.head {
@@ -360,6 +479,18 @@ impl SessionTable for Batch<'_> {
                 }),
         }
     }
+}
+
+/// The committed learned-delay statistics of `tenant`.
+pub(super) fn read_tenant(db: &DB, tenant: &str) -> Result<Option<TenantStats>, Error> {
+    let raw = db
+        .get_pinned_cf(cf(db, CF_TENANTS), tenant)
+        .map_err(|source| Error::Read {
+            cf: CF_TENANTS,
+            source,
+        })?;
+    raw.map(|v| keys::decode_tenant(tenant.as_bytes(), &v))
+        .transpose()
 }
 
 /// The committed state of `key`.

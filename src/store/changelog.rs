@@ -174,7 +174,16 @@ mod tests {
             b"meta\0changelog_dirty",
         ] {
             let e = split_changelog_key(bad).unwrap_err();
-            assert!(matches!(e, Error::Corrupt { cf: "changelog", .. }), "{e}");
+            assert!(
+                matches!(
+                    e,
+                    Error::Corrupt {
+                        cf: "changelog",
+                        ..
+                    }
+                ),
+                "{e}"
+            );
         }
         assert!(split_changelog_key(b"meta\0offset").is_ok());
     }

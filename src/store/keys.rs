@@ -2,7 +2,7 @@
 //! header). Everything here is pure: no RocksDB handle, no I/O.
 
 use super::error::Error;
-use crate::engine::{Emission, Millis, SessionKey, SessionState};
+use crate::engine::{Emission, Millis, SessionKey, SessionState, TenantStats};
 use serde::{de::DeserializeOwned, Serialize};
 
 /// Column family of per-key state.
@@ -13,8 +13,11 @@ pub(crate) const CF_TIMERS: &str = "timers";
 pub(crate) const CF_OUTBOX: &str = "outbox";
 /// Column family of per-partition bookkeeping.
 pub(crate) const CF_META: &str = "meta";
+/// Column family of per-tenant learned-delay statistics (`engine::learn`).
+pub(crate) const CF_TENANTS: &str = "tenants";
 /// Every column family the store opens (RocksDB's `default` is opened too and left empty).
-pub(crate) const COLUMN_FAMILIES: [&str; 4] = [CF_SESSIONS, CF_TIMERS, CF_OUTBOX, CF_META];
+pub(crate) const COLUMN_FAMILIES: [&str; 5] =
+    [CF_SESSIONS, CF_TIMERS, CF_OUTBOX, CF_META, CF_TENANTS];
 
 /// Version of this layout, stored in `meta` under `format_version`. Bump it on any change to a
 /// key or value encoding; `PartitionStore::open` refuses a store of another version.
@@ -114,6 +117,21 @@ pub(crate) fn encode_state_into(state: &SessionState, mut buf: Vec<u8>) -> Resul
 /// Decodes a `sessions` value stored under `key`.
 pub(crate) fn decode_state(key: &[u8], bytes: &[u8]) -> Result<SessionState, Error> {
     decode(CF_SESSIONS, key, bytes)
+}
+
+/// Encodes a `tenants` value (postcard) into `buf`, cleared first (see
+/// [`encode_state_into`]).
+pub(crate) fn encode_tenant_into(stats: &TenantStats, mut buf: Vec<u8>) -> Result<Vec<u8>, Error> {
+    buf.clear();
+    postcard::to_extend(stats, buf).map_err(|e| Error::Encode {
+        cf: CF_TENANTS,
+        reason: e.to_string(),
+    })
+}
+
+/// Decodes a `tenants` value stored under `key` (the tenant name).
+pub(crate) fn decode_tenant(key: &[u8], bytes: &[u8]) -> Result<TenantStats, Error> {
+    decode(CF_TENANTS, key, bytes)
 }
 
 /// Encodes an `outbox` value.
@@ -223,6 +241,18 @@ mod tests {
         let buf = encode_state_into(&state, dirty).unwrap();
         assert_eq!(buf, postcard::to_allocvec(&state).unwrap());
         assert_eq!(decode_state(b"t/s", &buf).unwrap(), state);
+    }
+
+    #[test]
+    fn tenant_stats_round_trip() {
+        let stats = TenantStats {
+            intervals: vec![20_000, 19_800, 0, 600_000],
+            last_seen: 1_767_225_600_000,
+        };
+        let buf = encode_tenant_into(&stats, vec![1, 2, 3]).unwrap();
+        assert_eq!(decode_tenant(b"acme", &buf).unwrap(), stats);
+        let err = decode_tenant(b"acme", &[0xFF]).unwrap_err().to_string();
+        assert!(err.contains("tenants") && err.contains("acme"), "{err}");
     }
 
     #[test]

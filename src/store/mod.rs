@@ -24,6 +24,7 @@
 //! | `timers` | `due` as 8 bytes big-endian with the sign bit flipped (numeric order for every `i64`, [`encode_due`]) ‖ session key bytes | empty |
 //! | `outbox` | sequence number, u64 big-endian (FIFO) | `Emission`, postcard |
 //! | `meta` | ASCII name, see below | 8 bytes big-endian, except `timer_floor` |
+//! | `tenants` | tenant name (UTF-8) | `TenantStats` (learned-delay intervals, `engine::learn`), postcard |
 //!
 //! `meta` keys: `format_version` ([`FORMAT_VERSION`]), `offset` (i64, the applied input
 //! offset), `partition_time` (i64 ms), `outbox_next_seq`, `outbox_head` (no owed emission
@@ -40,6 +41,10 @@
 //! * The counters in `meta` (`sessions`, `open_rounds`, `outbox_len`) and `timer_floor`
 //!   are written in the same write batch as the records they describe.
 //! * Every store error is fatal for the partition (see [`Error`]).
+//! * `tenants` holds at most `engine::MAX_LEARNED_TENANTS` entries: a batch storing a new
+//!   tenant beyond that deletes the least recently seen one in the same write (the
+//!   `SessionTable` rule). Their `last_seen` order is mirrored in memory (rebuilt by a scan
+//!   when the store opens or is restored) to pick that tenant without a read.
 //!
 //! # Tombstones in the timer queue
 //!
@@ -64,9 +69,9 @@ pub use error::Error;
 pub use keys::{decode_due, decode_timer_key, encode_due, outbox_key, timer_key, FORMAT_VERSION};
 pub use options::{MemoryBudget, StoreOptions};
 
-use crate::engine::{Emission, Millis, SessionKey, SessionState};
+use crate::engine::{Emission, Millis, SessionKey, SessionState, TenantAges, TenantStats};
 use keys::{
-    CF_META, CF_OUTBOX, CF_TIMERS, COLUMN_FAMILIES, META_FORMAT_VERSION, META_OFFSET,
+    CF_META, CF_OUTBOX, CF_TENANTS, CF_TIMERS, COLUMN_FAMILIES, META_FORMAT_VERSION, META_OFFSET,
     META_OPEN_ROUNDS, META_OUTBOX_HEAD, META_OUTBOX_LEN, META_OUTBOX_NEXT_SEQ, META_PARTITION_TIME,
     META_SESSIONS, META_TIMER_FLOOR,
 };
@@ -113,6 +118,8 @@ pub(crate) struct StoreState {
     changelog_dirty: bool,
     /// Local-only `changelog_next`, mirrored.
     changelog_next: Option<i64>,
+    /// The committed `tenants` entries by `last_seen` (the eviction order).
+    tenants: TenantAges,
 }
 
 /// The RocksDB store of one partition (see the module docs for layout and invariants).
@@ -217,6 +224,7 @@ impl PartitionStore {
                 changes: Vec::new(),
                 changelog_dirty: false,
                 changelog_next: None,
+                tenants: TenantAges::new(),
             },
         };
         store.load_meta()?;
@@ -239,8 +247,12 @@ impl PartitionStore {
         };
         store.state.meta = meta;
         store.state.changelog_dirty = store.meta_u64(changelog::META_CHANGELOG_DIRTY)? == Some(1);
-        store.state.changelog_next =
-            as_i64(store.meta_u64(changelog::META_CHANGELOG_NEXT)?);
+        store.state.changelog_next = as_i64(store.meta_u64(changelog::META_CHANGELOG_NEXT)?);
+        let mut tenants = TenantAges::new();
+        for (name, stats) in store.tenants()? {
+            tenants.touch(&name, stats.last_seen);
+        }
+        store.state.tenants = tenants;
         Ok(())
     }
 
@@ -310,6 +322,39 @@ impl PartitionStore {
     /// The committed state of `key`. Errors: [`Error::Read`], [`Error::Corrupt`].
     pub fn session(&self, key: &SessionKey) -> Result<Option<SessionState>, Error> {
         batch::read_state(&self.db, key)
+    }
+
+    /// Tenants with learned-delay statistics (at most `engine::MAX_LEARNED_TENANTS`). O(1).
+    pub fn tenant_count(&self) -> usize {
+        self.state.tenants.len()
+    }
+
+    /// The committed learned-delay statistics of `tenant`. Errors: [`Error::Read`],
+    /// [`Error::Corrupt`].
+    pub fn tenant(&self, tenant: &str) -> Result<Option<TenantStats>, Error> {
+        batch::read_tenant(&self.db, tenant)
+    }
+
+    /// Every tenant's committed learned-delay statistics, by tenant name (at most
+    /// `engine::MAX_LEARNED_TENANTS` entries). Errors: [`Error::Read`], [`Error::Corrupt`].
+    pub fn tenants(&self) -> Result<Vec<(String, TenantStats)>, Error> {
+        let mut it = self.db.raw_iterator_cf(cf(&self.db, CF_TENANTS));
+        it.seek_to_first();
+        let mut out = Vec::new();
+        while let (Some(k), Some(v)) = (it.key(), it.value()) {
+            let name = std::str::from_utf8(k).map_err(|e| Error::Corrupt {
+                cf: CF_TENANTS,
+                key: keys::printable(k),
+                reason: format!("tenant name is not UTF-8: {e}"),
+            })?;
+            out.push((name.to_owned(), keys::decode_tenant(k, v)?));
+            it.next();
+        }
+        it.status().map_err(|source| Error::Read {
+            cf: CF_TENANTS,
+            source,
+        })?;
+        Ok(out)
     }
 
     /// The first `limit` timers `(due ms, key)` in firing order. Errors: [`Error::Read`],
@@ -570,7 +615,8 @@ impl PartitionStore {
                 }
                 it.next();
             }
-            it.status().map_err(|source| Error::Read { cf: name, source })?;
+            it.status()
+                .map_err(|source| Error::Read { cf: name, source })?;
         }
         Ok(out)
     }

@@ -7,7 +7,7 @@
 //! holds about `block_cache_bytes + memtable_budget_bytes` of RocksDB memory however many
 //! partitions it owns and however many sessions are pending; sessions live on disk.
 
-use super::keys::{CF_META, CF_OUTBOX, CF_SESSIONS, CF_TIMERS, COLUMN_FAMILIES};
+use super::keys::{CF_META, CF_OUTBOX, CF_SESSIONS, CF_TENANTS, CF_TIMERS, COLUMN_FAMILIES};
 use rocksdb::{
     BlockBasedOptions, Cache, ColumnFamilyDescriptor, DBCompressionType, Options,
     WriteBufferManager, WriteOptions,
@@ -142,7 +142,8 @@ fn cf_options(name: &str, options: &StoreOptions, budget: &MemoryBudget) -> Opti
             o.add_compact_on_deletion_collector_factory(4096, 2048, 0.5);
             o.set_write_buffer_size(options.write_buffer_bytes);
         }
-        CF_META => o.set_write_buffer_size(MIB),
+        // Small: bookkeeping, and at most a few thousand tenants' learned delays.
+        CF_META | CF_TENANTS => o.set_write_buffer_size(MIB),
         _ => {}
     }
     o.set_block_based_table_factory(&table);

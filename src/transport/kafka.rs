@@ -65,14 +65,17 @@
 //!   `session.timeout.ms` (6 s) can evict a member that is joining. The default (45 s) is fine.
 
 use super::{
-    Error, InputBatch, InputRecord, PartitionInput, ReadyMessage, Sink, Source, SourceEvent,
+    ChangelogReader, Error, InputBatch, InputRecord, PartitionInput, ReadyMessage, Sink, Source,
+    SourceEvent,
 };
 use crate::codec::EMISSION_ID_HEADER;
 use crate::config::{Config, KeyError};
 use crate::engine::Engine;
 use crate::runtime::{shutdown_on_signals, RunSummary, Runtime, RuntimeOptions, SystemClock};
+use crate::store::Change;
 use crate::tiers::TiersConfig;
 use anyhow::Context as _;
+use futures::future::BoxFuture;
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::base_consumer::PartitionQueue;
@@ -91,7 +94,17 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio_util::sync::CancellationToken;
 
+mod changelog;
+mod txn;
+
+pub use txn::CRASH_BEFORE_COMMIT_ENV;
+
 const TRANSPORT: &str = "kafka";
+
+/// Header of a ready record: the `instance-id` of the process that published it.
+pub const INSTANCE_HEADER: &str = "settle-instance";
+/// Header of a ready record: the input partition whose task emitted it, decimal.
+pub const PARTITION_HEADER: &str = "settle-partition";
 
 /// Header of a dead letter: the `codec::DecodeError::reason` code (SEMANTICS §2).
 pub const DLQ_REASON_HEADER: &str = "settle-dlq-reason";
@@ -138,7 +151,7 @@ const MANAGED_PROPERTIES: [(&str, &str); 7] = [
     ),
     (
         "transactional.id",
-        "settle does not use Kafka transactions (emission ids de-duplicate)",
+        "set kafka.processing-guarantee = \"exactly-once\" instead (one transactional id per partition)",
     ),
 ];
 
@@ -170,6 +183,20 @@ pub struct KafkaConfig {
     pub input_topic: String,
     /// `dead-letter-topic`: where records that fail decoding go (default `settle.dead-letter`).
     pub dead_letter_topic: String,
+    /// `changelog-topic`: the compacted topic that mirrors every partition store (same
+    /// partition count as `input-topic`; ARCHITECTURE "changelog"), so a partition's next
+    /// owner restores its pending rounds and input offset. Unset (the default):
+    /// `<group-id>.changelog`, so two deployments (groups) never share one. `""` turns the
+    /// changelog off: a partition's state then stays on the instance that owned it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub changelog_topic: Option<String>,
+    /// `instance-id`: this process's name in the group, sent as header `settle-instance` on
+    /// every ready record (default `""`: `<hostname>-<pid>`).
+    pub instance_id: String,
+    /// `processing-guarantee`: `at-least-once` (default; a redelivered emission keeps its
+    /// `emission_id`) or `exactly-once` (emissions, changelog records and input offsets of
+    /// each store batch in one Kafka transaction; needs a broker with transactions).
+    pub processing_guarantee: ProcessingGuarantee,
     /// `[kafka.properties]`: librdkafka properties (strings, numbers or booleans), applied to
     /// both clients after settle's own defaults, so they can override them (security
     /// settings, timeouts, `client.id`, `fetch.wait.max.ms`, ...). The keys settle manages
@@ -186,7 +213,51 @@ impl Default for KafkaConfig {
             group_id: "settle".to_owned(),
             input_topic: "settle.uploads".to_owned(),
             dead_letter_topic: "settle.dead-letter".to_owned(),
+            changelog_topic: None,
+            instance_id: String::new(),
+            processing_guarantee: ProcessingGuarantee::AtLeastOnce,
             properties: BTreeMap::new(),
+        }
+    }
+}
+
+/// `kafka.processing-guarantee` (SEMANTICS §6).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProcessingGuarantee {
+    /// Store batch, then publish from the outbox, then delete: a crash re-publishes with the
+    /// same `emission_id` (consumers de-duplicate).
+    #[default]
+    AtLeastOnce,
+    /// Each store batch's emissions, changelog records and input offset are committed in
+    /// one Kafka transaction (one transactional producer per partition,
+    /// `transactional.id = <group-id>.<input-topic>.<partition>`, whose epoch fences a
+    /// previous owner); `read_committed` consumers see each emission once.
+    ExactlyOnce,
+}
+
+impl KafkaConfig {
+    /// `instance-id`, or `<hostname>-<pid>` when it is empty.
+    pub fn instance_id(&self) -> String {
+        if !self.instance_id.is_empty() {
+            return self.instance_id.clone();
+        }
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .map(|h| h.trim().to_owned())
+            .filter(|h| !h.is_empty())
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .unwrap_or_else(|| "settle".to_owned());
+        format!("{host}-{}", std::process::id())
+    }
+
+    /// The changelog topic: `changelog-topic`, else `<group-id>.changelog`; `None` when
+    /// `changelog-topic` is `""` (off).
+    pub fn changelog(&self) -> Option<String> {
+        match &self.changelog_topic {
+            Some(t) if t.is_empty() => None,
+            Some(t) => Some(t.clone()),
+            None => Some(format!("{}.changelog", self.group_id)),
         }
     }
 }
@@ -267,6 +338,29 @@ impl KafkaConfig {
             return Err(KeyError::new(
                 "kafka.dead-letter-topic",
                 "must differ from kafka.input-topic",
+            ));
+        }
+        if let Some(changelog) = self.changelog() {
+            check_topic("kafka.changelog-topic", &changelog)?;
+            if changelog == self.input_topic || changelog == self.dead_letter_topic {
+                return Err(KeyError::new(
+                    "kafka.changelog-topic",
+                    "must differ from kafka.input-topic and kafka.dead-letter-topic (or be \"\" to turn the changelog off)",
+                ));
+            }
+        }
+        if self.processing_guarantee == ProcessingGuarantee::ExactlyOnce
+            && self.changelog().is_none()
+        {
+            return Err(KeyError::new(
+                "kafka.processing-guarantee",
+                "exactly-once needs the changelog: set kafka.changelog-topic",
+            ));
+        }
+        if self.instance_id.len() > 255 || self.instance_id.chars().any(char::is_control) {
+            return Err(KeyError::new(
+                "kafka.instance-id",
+                "at most 255 bytes, no control characters",
             ));
         }
         for key in self.properties.keys() {
@@ -658,6 +752,7 @@ impl ConsumerContext for GroupContext {
                 let (done, stopped) = oneshot::channel();
                 let event = SourceEvent::Revoked {
                     partitions: partitions.clone(),
+                    lost,
                     done,
                 };
                 if self.events.send(Ok(event)).is_ok() {
@@ -712,6 +807,8 @@ const GROUP_POLL: Duration = Duration::from_millis(100);
 /// thread, commits the owned partitions' last durable offsets and leaves the group.
 pub struct KafkaSource {
     events: mpsc::UnboundedReceiver<Result<SourceEvent<KafkaInput>, Error>>,
+    /// The group member (owned by the group thread), for exactly-once offset commits.
+    consumer: Weak<GroupConsumer>,
     stop: Arc<AtomicBool>,
     group_thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -761,6 +858,7 @@ impl KafkaSource {
             .subscribe(&[&config.input_topic])
             .map_err(|e| fatal(format!("cannot subscribe to {}: {e}", config.input_topic)))?;
         let member = consumer.context().member;
+        let weak = Arc::downgrade(&consumer);
         let stop = Arc::new(AtomicBool::new(false));
         let group_thread = std::thread::Builder::new()
             .name("settle-kafka-group".into())
@@ -778,6 +876,7 @@ impl KafkaSource {
         );
         Ok(KafkaSource {
             events: rx,
+            consumer: weak,
             stop,
             group_thread: Some(group_thread),
         })
@@ -1271,6 +1370,11 @@ pub struct KafkaSink {
     health: Arc<Health>,
     input_topic: Arc<str>,
     dead_letter_topic: Arc<str>,
+    /// `instance-id` (resolved), header `settle-instance`.
+    instance: Arc<str>,
+    changelog: Option<changelog::KafkaChangelog>,
+    /// Exactly-once mode: the partitions' transaction writers come from here.
+    eos: Option<Arc<txn::Eos>>,
 }
 
 impl std::fmt::Debug for KafkaSink {
@@ -1297,12 +1401,32 @@ impl KafkaSink {
                 transport: TRANSPORT,
                 reason: format!("cannot create the Kafka producer: {e}"),
             })?;
+        let changelog = changelog::KafkaChangelog::new(config, Arc::clone(&health))?;
+        let instance: Arc<str> = config.instance_id().into();
+        let eos = (config.processing_guarantee == ProcessingGuarantee::ExactlyOnce).then(|| {
+            Arc::new(txn::Eos::new(
+                config,
+                Arc::clone(&health),
+                Arc::clone(&instance),
+            ))
+        });
         Ok(KafkaSink {
             producer,
             health,
             input_topic: config.input_topic.as_str().into(),
             dead_letter_topic: config.dead_letter_topic.as_str().into(),
+            instance,
+            changelog,
+            eos,
         })
+    }
+
+    /// Exactly-once mode: the transactions commit the input offsets of `source`'s consumer
+    /// group. Call before the runtime runs (`run_until` does).
+    pub fn attach_group(&self, source: &KafkaSource) {
+        if let Some(eos) = &self.eos {
+            eos.attach_group(source.consumer.clone());
+        }
     }
 
     /// Sends one record and waits for its delivery report.
@@ -1320,17 +1444,84 @@ impl KafkaSink {
     }
 }
 
-impl Sink for KafkaSink {
-    async fn publish(&self, message: ReadyMessage) -> Result<(), Error> {
-        let headers = OwnedHeaders::new_with_capacity(1).insert(Header {
+/// The Kafka record of a ready message: key = session key, value = the JSON record, headers
+/// `settle-emission-id`, `settle-instance` (= `instance`) and, when the message has one,
+/// `settle-partition` (the input partition).
+fn ready_record<'m>(message: &'m ReadyMessage, instance: &'m str) -> FutureRecord<'m, [u8], [u8]> {
+    let mut headers = OwnedHeaders::new_with_capacity(3)
+        .insert(Header {
             key: EMISSION_ID_HEADER,
             value: Some(message.emission_id.as_bytes()),
+        })
+        .insert(Header {
+            key: INSTANCE_HEADER,
+            value: Some(instance.as_bytes()),
         });
-        let record = FutureRecord::to(&message.topic)
-            .key(message.key.as_bytes())
-            .payload(message.payload.as_slice())
-            .headers(headers);
-        self.deliver(record).await
+    if let Some(p) = message.partition {
+        headers = headers.insert(Header {
+            key: PARTITION_HEADER,
+            value: Some(p.to_string().as_bytes()),
+        });
+    }
+    FutureRecord::to(&message.topic)
+        .key(message.key.as_bytes())
+        .payload(message.payload.as_slice())
+        .headers(headers)
+}
+
+impl Sink for KafkaSink {
+    async fn publish(&self, message: ReadyMessage) -> Result<(), Error> {
+        self.deliver(ready_record(&message, &self.instance)).await
+    }
+
+    fn changelog(&self) -> Option<&str> {
+        self.changelog
+            .as_ref()
+            .map(changelog::KafkaChangelog::topic)
+    }
+
+    fn transactions(
+        &self,
+        partition: i32,
+    ) -> BoxFuture<'_, Result<Option<Box<dyn super::TxnWriter>>, Error>> {
+        Box::pin(async move {
+            match &self.eos {
+                Some(eos) => Ok(Some(
+                    Box::new(eos.writer(partition).await?) as Box<dyn super::TxnWriter>
+                )),
+                None => Ok(None),
+            }
+        })
+    }
+
+    fn append_changes(
+        &self,
+        partition: i32,
+        changes: &[Change],
+    ) -> Result<BoxFuture<'static, Result<i64, Error>>, Error> {
+        match &self.changelog {
+            Some(c) => c.append(partition, changes),
+            None => Err(Error::Fatal {
+                transport: TRANSPORT,
+                reason: "kafka.changelog-topic is \"\": no changelog".into(),
+            }),
+        }
+    }
+
+    fn read_changelog(
+        &self,
+        partition: i32,
+        from: i64,
+    ) -> BoxFuture<'_, Result<Box<dyn ChangelogReader>, Error>> {
+        Box::pin(async move {
+            match &self.changelog {
+                Some(c) => c.read(partition, from).await,
+                None => Err(Error::Fatal {
+                    transport: TRANSPORT,
+                    reason: "kafka.changelog-topic is \"\": no changelog".into(),
+                }),
+            }
+        })
     }
 
     async fn dead_letter(&self, record: &InputRecord, reason: &str) -> Result<(), Error> {
@@ -1386,11 +1577,15 @@ pub async fn run_until(
     kafka.validate()?;
     let sink = KafkaSink::new(kafka)?;
     let source = KafkaSource::new(kafka)?;
+    sink.attach_group(&source);
     let mut wanted = vec![
         ("kafka.input-topic", kafka.input_topic.clone()),
         ("kafka.dead-letter-topic", kafka.dead_letter_topic.clone()),
         ("tiers.events-topic", tiers.events_topic.clone()),
     ];
+    if let Some(c) = kafka.changelog() {
+        wanted.push(("kafka.changelog-topic", c));
+    }
     wanted.extend(
         tiers
             .tiers

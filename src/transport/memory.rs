@@ -22,10 +22,13 @@
 //! Time: waits use tokio time, so tests with paused time drive the broker too.
 
 use super::{
-    Error, InputBatch, InputRecord, PartitionInput, ReadyMessage, Sink, Source, SourceEvent,
+    ChangelogReader, Error, InputBatch, InputRecord, PartitionInput, ReadyMessage, Sink, Source,
+    SourceEvent,
 };
 use crate::codec;
+use crate::store::Change;
 use crate::tiers::TierChange;
+use futures::future::BoxFuture;
 use std::collections::HashMap;
 use std::io::{BufRead, Write};
 use std::path::Path;
@@ -86,6 +89,8 @@ struct State {
     dead_letters: Vec<DeadLetter>,
     sink: SinkMode,
     tee: Option<std::fs::File>,
+    /// Changelog partitions (`None`: the sink has no changelog).
+    changelog: Option<HashMap<i32, Vec<Change>>>,
 }
 
 /// Locks a mutex of the broker. Poisoning is ignored: every critical section leaves the
@@ -136,6 +141,7 @@ impl MemoryBroker {
                     dead_letters: Vec::new(),
                     sink: SinkMode::Available,
                     tee: None,
+                    changelog: None,
                 }),
             }),
         }
@@ -264,10 +270,19 @@ impl MemoryBroker {
     /// source of the same group replaces the first for [`MemoryBroker::revoke`] and
     /// [`MemoryBroker::assign`].
     pub fn source(&self, group: &str) -> MemorySource {
-        let (tx, rx) = mpsc::unbounded_channel();
         let all: Vec<i32> = (0..self.partitions()).collect();
-        // The receiver is alive, so this send cannot fail.
-        let _ = tx.send(SourceEvent::Assigned(self.inputs(group, &all)));
+        self.source_with(group, &all)
+    }
+
+    /// A source for `group` (a member name in handoff tests) that assigns `partitions` at
+    /// once (possibly none); move partitions later with [`MemoryBroker::revoke`] and
+    /// [`MemoryBroker::assign`]. Replaces an earlier source of the same name.
+    pub fn source_with(&self, group: &str, partitions: &[i32]) -> MemorySource {
+        let (tx, rx) = mpsc::unbounded_channel();
+        if !partitions.is_empty() {
+            // The receiver is alive, so this send cannot fail.
+            let _ = tx.send(SourceEvent::Assigned(self.inputs(group, partitions)));
+        }
         lock(&self.shared.state)
             .sources
             .insert(group.to_owned(), tx);
@@ -294,10 +309,42 @@ impl MemoryBroker {
         if let Some(tx) = lock(&self.shared.state).sources.get(group) {
             let _ = tx.send(SourceEvent::Revoked {
                 partitions: partitions.to_vec(),
+                lost: false,
                 done,
             });
         }
         rx
+    }
+
+    /// Like [`MemoryBroker::revoke`], but the assignment is *lost* (as after a Kafka session
+    /// timeout): the runtime fences the partitions at once and does not drain their outbox.
+    pub fn revoke_lost(&self, group: &str, partitions: &[i32]) -> oneshot::Receiver<()> {
+        let (done, rx) = oneshot::channel();
+        if let Some(tx) = lock(&self.shared.state).sources.get(group) {
+            let _ = tx.send(SourceEvent::Revoked {
+                partitions: partitions.to_vec(),
+                lost: true,
+                done,
+            });
+        }
+        rx
+    }
+
+    /// Gives the sink a changelog (one log per partition, named [`MEMORY_CHANGELOG`]): the
+    /// runtime then records every store write there and restores stores from it.
+    pub fn enable_changelog(&self) {
+        lock(&self.shared.state)
+            .changelog
+            .get_or_insert_with(HashMap::new);
+    }
+
+    /// The changelog records of `partition` (offset = index), empty without a changelog.
+    pub fn changelog_records(&self, partition: i32) -> Vec<Change> {
+        lock(&self.shared.state)
+            .changelog
+            .as_ref()
+            .and_then(|c| c.get(&partition).cloned())
+            .unwrap_or_default()
     }
 
     /// Assigns `partitions` to `group`'s source (after a revoke). Each input starts at the
@@ -505,7 +552,83 @@ pub struct MemorySink {
     broker: MemoryBroker,
 }
 
+/// Name of the memory sink's changelog ([`MemoryBroker::enable_changelog`]).
+pub const MEMORY_CHANGELOG: &str = "memory.changelog";
+
+/// Reads a snapshot of one memory changelog partition.
+struct MemoryChangelogReader {
+    records: Vec<Change>,
+    next: usize,
+    start: i64,
+}
+
+impl ChangelogReader for MemoryChangelogReader {
+    fn next_chunk(&mut self, max: usize) -> BoxFuture<'_, Result<Vec<(i64, Change)>, Error>> {
+        let end = (self.next + max.max(1)).min(self.records.len());
+        let chunk = (self.next..end)
+            .map(|i| (self.start + i as i64, self.records[i].clone()))
+            .collect();
+        self.next = end;
+        Box::pin(async move { Ok(chunk) })
+    }
+
+    fn end_hint(&self) -> Option<i64> {
+        Some(self.start + self.records.len() as i64)
+    }
+}
+
 impl Sink for MemorySink {
+    fn changelog(&self) -> Option<&str> {
+        lock(&self.broker.shared.state)
+            .changelog
+            .is_some()
+            .then_some(MEMORY_CHANGELOG)
+    }
+
+    fn append_changes(
+        &self,
+        partition: i32,
+        changes: &[Change],
+    ) -> Result<BoxFuture<'static, Result<i64, Error>>, Error> {
+        let mut st = lock(&self.broker.shared.state);
+        let log = st
+            .changelog
+            .as_mut()
+            .ok_or_else(|| Error::Fatal {
+                transport: TRANSPORT,
+                reason: "the memory sink has no changelog".into(),
+            })?
+            .entry(partition)
+            .or_default();
+        log.extend_from_slice(changes);
+        let next = log.len() as i64;
+        Ok(Box::pin(async move { Ok(next) }))
+    }
+
+    fn read_changelog(
+        &self,
+        partition: i32,
+        from: i64,
+    ) -> BoxFuture<'_, Result<Box<dyn ChangelogReader>, Error>> {
+        let st = lock(&self.broker.shared.state);
+        let result = match st.changelog.as_ref() {
+            None => Err(Error::Fatal {
+                transport: TRANSPORT,
+                reason: "the memory sink has no changelog".into(),
+            }),
+            Some(c) => {
+                let all = c.get(&partition).map(Vec::as_slice).unwrap_or_default();
+                let start = from.clamp(0, all.len() as i64);
+                Ok(Box::new(MemoryChangelogReader {
+                    records: all[start as usize..].to_vec(),
+                    next: 0,
+                    start,
+                }) as Box<dyn ChangelogReader>)
+            }
+        };
+        Box::pin(async move { result })
+    }
+
     async fn publish(&self, message: ReadyMessage) -> Result<(), Error> {
         let ack = self.broker.sink_mode()?;
         {

@@ -52,7 +52,9 @@ pub mod kafka;
 pub mod memory;
 pub mod nats;
 
+use crate::store::Change;
 use crate::tiers::TierChange;
+use futures::future::BoxFuture;
 use std::future::Future;
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -98,6 +100,9 @@ pub struct ReadyMessage {
     pub emission_id: String,
     /// The JSON record (`codec::encode_ready`).
     pub payload: Vec<u8>,
+    /// The input partition whose task emitted it (Kafka header `settle-partition`);
+    /// `None` for records that belong to no partition (tier changes).
+    pub partition: Option<i32>,
 }
 
 /// The record of one tier change on the tier-events topic `topic` (SEMANTICS §5): key = the
@@ -110,6 +115,7 @@ pub fn tier_change_message(topic: &str, change: &TierChange) -> ReadyMessage {
         key: change.tenant.clone(),
         emission_id: change.event_id(),
         payload: change.to_json(),
+        partition: None,
     }
 }
 
@@ -124,6 +130,11 @@ pub enum SourceEvent<I> {
     Revoked {
         /// Partition numbers revoked.
         partitions: Vec<i32>,
+        /// The assignment was lost (Kafka: session timeout, fenced member), not handed back:
+        /// another member may own the partitions already, so the runtime fences them at
+        /// once (nothing more is published or appended for them) and does not drain
+        /// their outbox.
+        lost: bool,
         /// Signalled once every revoked partition has stopped.
         done: oneshot::Sender<()>,
     },
@@ -248,6 +259,72 @@ pub trait Sink: Clone + Send + Sync + 'static {
         self.publish(tier_change_message(topic, change))
     }
 
+    /// The changelog topic (stream) this sink appends partition store writes to, or `None`
+    /// (the default) when the transport has no changelog: the runtime then neither records
+    /// nor restores, and a partition's pending rounds stay in the store of the instance that
+    /// owned it (ARCHITECTURE "changelog"; SEMANTICS §6 "Single writer").
+    fn changelog(&self) -> Option<&str> {
+        None
+    }
+
+    /// Hands `changes` (writes of the store of input partition `partition`, in write order)
+    /// to changelog partition `partition`, after every earlier append of this process for
+    /// that partition, and returns at once. The returned future resolves once every one of
+    /// them is acknowledged, with the changelog offset after the last one. Records of one
+    /// partition are stored in append order without gaps: if one fails, the later ones fail
+    /// too (Kafka: idempotent producer).
+    ///
+    /// A full producer queue is waited out here (backpressure), so an error is final.
+    ///
+    /// Errors: [`Error::Fatal`] when there is no changelog or the records can never be
+    /// written (the partition stops; its store is restored from the changelog prefix on the
+    /// next start), also from the future.
+    fn append_changes(
+        &self,
+        partition: i32,
+        changes: &[Change],
+    ) -> Result<BoxFuture<'static, Result<i64, Error>>, Error> {
+        let _ = (partition, changes);
+        Err(Error::Fatal {
+            transport: "sink",
+            reason: "this transport has no changelog".into(),
+        })
+    }
+
+    /// Opens a reader of changelog partition `partition` from offset `from` up to the end
+    /// as of the call (records appended later may or may not be read).
+    ///
+    /// Errors: [`Error::Unavailable`] (the changelog topic is missing or the broker is down:
+    /// retried by the caller), [`Error::Fatal`] (no changelog).
+    fn read_changelog(
+        &self,
+        partition: i32,
+        from: i64,
+    ) -> BoxFuture<'_, Result<Box<dyn ChangelogReader>, Error>> {
+        let _ = (partition, from);
+        Box::pin(async {
+            Err(Error::Fatal {
+                transport: "sink",
+                reason: "this transport has no changelog".into(),
+            })
+        })
+    }
+
+    /// Exactly-once mode (Kafka `processing-guarantee = "exactly-once"`): a transaction writer
+    /// for input partition `partition`, created when the partition is assigned and before
+    /// its store is restored (creating it fences every earlier writer of the partition and
+    /// ends their open transaction). `None` (the default): at-least-once, through the outbox
+    /// publisher and [`Sink::append_changes`].
+    ///
+    /// Errors: [`Error::Unavailable`] (retried by the runtime), [`Error::Fatal`].
+    fn transactions(
+        &self,
+        partition: i32,
+    ) -> BoxFuture<'_, Result<Option<Box<dyn TxnWriter>>, Error>> {
+        let _ = partition;
+        Box::pin(async { Ok(None) })
+    }
+
     /// Sends a record that failed decoding to the dead-letter topic with `reason`
     /// (`codec::DecodeError::reason`) and resolves once acknowledged (SEMANTICS §2).
     ///
@@ -257,6 +334,39 @@ pub trait Sink: Clone + Send + Sync + 'static {
         record: &InputRecord,
         reason: &str,
     ) -> impl Future<Output = Result<(), Error>> + Send;
+}
+
+/// One partition's transactions in exactly-once mode (see [`Sink::transactions`]).
+pub trait TxnWriter: Send {
+    /// Commits, in ONE transaction: the ready records `messages`, the changelog records
+    /// `changes` (to changelog partition = the input partition, in order), and, when given,
+    /// the input partition's next offset `next_offset` (to the consumer group). Returns the
+    /// changelog offset after the last change, if there were changes. Either all of it is
+    /// visible to `read_committed` consumers, or none.
+    ///
+    /// Errors: [`Error::Fatal`] for every failure (fenced by a newer owner, transaction
+    /// aborted, broker refused): the partition stops, and its next owner restores from the
+    /// committed changelog.
+    fn commit<'a>(
+        &'a mut self,
+        messages: Vec<ReadyMessage>,
+        changes: &'a [Change],
+        next_offset: Option<i64>,
+    ) -> BoxFuture<'a, Result<Option<i64>, Error>>;
+}
+
+/// A reader of one changelog partition (see [`Sink::read_changelog`]), used by a restore.
+pub trait ChangelogReader: Send {
+    /// The next records `(changelog offset, change)` in offset order, at most `max`; an
+    /// empty vector means the end (as of when the reader was opened) is reached.
+    ///
+    /// Errors: [`Error::Unavailable`] (the caller retries the restore from its checkpoint),
+    /// [`Error::Fatal`].
+    fn next_chunk(&mut self, max: usize) -> BoxFuture<'_, Result<Vec<(i64, Change)>, Error>>;
+
+    /// The offset after the last record, as the broker last reported it (for progress);
+    /// `None` while unknown.
+    fn end_hint(&self) -> Option<i64>;
 }
 
 /// Exponential backoff for retryable transport errors: 50 ms doubling up to `max`.

@@ -83,16 +83,46 @@ pub fn reference(config: &Config, trace: &str) -> Result<Vec<Emission>> {
     Ok(out)
 }
 
+/// One ready record read back from an output topic, checked and decoded by [`ready_records`].
+#[derive(Clone, Debug)]
+pub struct ReadyOut {
+    /// The engine emission the record carries.
+    pub emission: Emission,
+    /// `emission_id` (= header `settle-emission-id`).
+    pub emission_id: String,
+    /// The record's `emitted_at` field (ms).
+    pub emitted_at: i64,
+    /// The record's timestamp (producer `CreateTime`, ms).
+    pub timestamp_ms: i64,
+    /// Output partition and offset.
+    pub partition: i32,
+    /// Offset in the output partition.
+    pub offset: i64,
+    /// The record's headers, in record order.
+    pub headers: Vec<(String, Vec<u8>)>,
+}
+
+impl ReadyOut {
+    /// The value of the first header named `name`, as UTF-8 (lossy).
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+    }
+}
+
 /// The ready records of `topic`, each checked (record key = session key, header
-/// `settle-emission-id` = the record's `emission_id`, tier = `tier`) and decoded:
-/// `(emission, emitted_at)` in topic order. Reads until at least `at_least` or `timeout`.
-pub async fn emitted(
+/// `settle-emission-id` = the record's `emission_id`, tier = `tier`) and decoded, with
+/// their timestamps and headers, in topic order. Reads until at least `at_least` or
+/// `timeout`.
+pub async fn ready_records(
     kafka: &KafkaConfig,
     topic: &str,
     tier: &str,
     at_least: usize,
     timeout: Duration,
-) -> Result<Vec<(Emission, i64)>> {
+) -> Result<Vec<ReadyOut>> {
     let records = loadgen::read_topic(kafka, topic, at_least, timeout).await?;
     let mut out = Vec::with_capacity(records.len());
     for r in records {
@@ -116,9 +146,33 @@ pub async fn emitted(
             ready.emission_id,
             ready.tier
         );
-        out.push((e, ready.emitted_at));
+        out.push(ReadyOut {
+            emission: e,
+            emission_id: ready.emission_id,
+            emitted_at: ready.emitted_at,
+            timestamp_ms: r.timestamp_ms,
+            partition: r.partition,
+            offset: r.offset,
+            headers: r.headers,
+        });
     }
     Ok(out)
+}
+
+/// The ready records of `topic`, checked as by [`ready_records`]: `(emission, emitted_at)`
+/// in topic order. Reads until at least `at_least` or `timeout`.
+pub async fn emitted(
+    kafka: &KafkaConfig,
+    topic: &str,
+    tier: &str,
+    at_least: usize,
+    timeout: Duration,
+) -> Result<Vec<(Emission, i64)>> {
+    Ok(ready_records(kafka, topic, tier, at_least, timeout)
+        .await?
+        .into_iter()
+        .map(|r| (r.emission, r.emitted_at))
+        .collect())
 }
 
 /// Emissions sorted by emission id.
@@ -141,4 +195,103 @@ pub fn same_emissions(got: &[Emission], want: &[Emission]) -> Result<()> {
         got.get(want.len()).or(want.get(got.len()))
     );
     Ok(())
+}
+
+/// A `[kafka]` section on fresh topics (input with `partitions`, dead letters, the
+/// changelog `<group-id>.changelog` with `partitions`) and a fresh group, all named after
+/// `name` (plus the process id and the time), and the name of the created output topic
+/// (1 partition).
+pub fn fresh_topics(
+    rt: &tokio::runtime::Runtime,
+    bootstrap: &str,
+    name: &str,
+    partitions: i32,
+) -> Result<(KafkaConfig, String)> {
+    fresh_topics_compacted(rt, bootstrap, name, partitions).map(|(k, o, _)| (k, o))
+}
+
+/// [`fresh_topics`], plus whether the broker took `cleanup.policy=compact` for the changelog
+/// (see [`create_compacted_topic`]).
+pub fn fresh_topics_compacted(
+    rt: &tokio::runtime::Runtime,
+    bootstrap: &str,
+    name: &str,
+    partitions: i32,
+) -> Result<(KafkaConfig, String, bool)> {
+    let id = format!("{name}-{}-{}", std::process::id(), now_ms());
+    let kafka = KafkaConfig {
+        bootstrap_servers: bootstrap.to_owned(),
+        group_id: format!("{id}-group"),
+        input_topic: format!("{id}-uploads"),
+        dead_letter_topic: format!("{id}-dlq"),
+        ..KafkaConfig::default()
+    };
+    let output = format!("{id}-ready");
+    rt.block_on(loadgen::create_topics(
+        &kafka,
+        &[
+            (&kafka.input_topic, partitions),
+            (&kafka.dead_letter_topic, 1),
+            (&output, 1),
+        ],
+    ))?;
+    let compacted = match kafka.changelog() {
+        Some(changelog) => create_compacted_topic(rt, &kafka, &changelog, partitions)?,
+        None => false,
+    };
+    Ok((kafka, output, compacted))
+}
+
+/// Creates `topic` with `partitions` and `cleanup.policy=compact` on the cluster of `kafka`;
+/// if the broker refuses the config, creates it plain. Returns whether it is compacted
+/// (as far as the broker accepted the config).
+pub fn create_compacted_topic(
+    rt: &tokio::runtime::Runtime,
+    kafka: &KafkaConfig,
+    topic: &str,
+    partitions: i32,
+) -> Result<bool> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    use settle::transport::kafka::Role;
+    let admin: AdminClient<DefaultClientContext> = kafka
+        .client_config(Role::Producer)
+        .create()
+        .context("admin client")?;
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let compacted = NewTopic::new(topic, partitions, TopicReplication::Fixed(1))
+        .set("cleanup.policy", "compact");
+    let results = rt
+        .block_on(async {
+            tokio::time::timeout(
+                Duration::from_secs(30),
+                admin.create_topics([&compacted], &options),
+            )
+            .await
+        })
+        .context("CreateTopics timed out")?
+        .context("CreateTopics")?;
+    match results.into_iter().next() {
+        Some(Ok(_)) => Ok(true),
+        Some(Err((name, code))) => {
+            println!(
+                "the broker refused {name} with cleanup.policy=compact ({code}): creating it plain"
+            );
+            rt.block_on(loadgen::create_topics(kafka, &[(topic, partitions)]))?;
+            Ok(false)
+        }
+        None => anyhow::bail!("CreateTopics answered nothing for {topic}"),
+    }
+}
+
+/// Each partition's end (the offset after its last record) as seen in `input` (records read
+/// back from a topic of `partitions` partitions): `None` for a partition without records.
+/// Compare with `loadgen::committed_offsets` after a clean stop.
+pub fn partition_ends(input: &[TopicRecord], partitions: i32) -> Vec<Option<i64>> {
+    let mut ends = vec![None; partitions as usize];
+    for r in input {
+        let end: &mut Option<i64> = &mut ends[r.partition as usize];
+        *end = Some(end.unwrap_or(0).max(r.offset + 1));
+    }
+    ends
 }

@@ -1,5 +1,6 @@
-//! Helpers of the tests that run `settle` as a real child process (`tests/*_process.rs`):
-//! spawning `settle run`, waiting for every round, stopping it with SIGTERM.
+//! Helpers of the tests that run `settle` as a real child process (`tests/*_process.rs`,
+//! `tests/kafka_rebalance.rs`): spawning `settle run` (optionally with its JSON log captured
+//! to a file, read back by [`json_log`]), waiting for every round, stopping it with SIGTERM.
 #![allow(dead_code)]
 
 use anyhow::{ensure, Context as _, Result};
@@ -37,6 +38,165 @@ pub fn start_run(config: &Path, extra: &[&str]) -> Result<Child> {
         .context("spawn settle run")
 }
 
+/// Starts `settle run --config CONFIG --log-format json` with `envs` set, logging at
+/// `SETTLE_TEST_JSON_LOG` (default `info`; the tests read INFO events, so keep `info` in it,
+/// e.g. `info,librdkafka=debug`), its stderr (the JSON log) written to the new file `log`
+/// (read it with [`json_log`]).
+pub fn start_run_logged(config: &Path, envs: &[(&str, &str)], log: &Path) -> Result<Child> {
+    let file = std::fs::File::create(log)
+        .with_context(|| format!("create the log file {}", log.display()))?;
+    settle()
+        .args(["run", "--log-format", "json", "--config"])
+        .arg(config)
+        .env(
+            "SETTLE_LOG",
+            std::env::var("SETTLE_TEST_JSON_LOG").unwrap_or_else(|_| "info".to_owned()),
+        )
+        .envs(envs.iter().copied())
+        .stderr(Stdio::from(file))
+        .spawn()
+        .context("spawn settle run")
+}
+
+/// One event of a `--log-format json` log (tracing-subscriber's JSON layout).
+#[derive(Clone, Debug)]
+pub struct LogEvent {
+    /// The event's `timestamp`, ms since the epoch.
+    pub at_ms: i64,
+    /// `INFO`, `WARN`, ...
+    pub level: String,
+    /// `target` (module path, or `librdkafka`).
+    pub target: String,
+    /// `fields.message`.
+    pub message: String,
+    /// `fields` (the message included).
+    pub fields: serde_json::Map<String, serde_json::Value>,
+}
+
+impl LogEvent {
+    /// Field `name` as an integer: a JSON number, or a string holding one.
+    pub fn int(&self, name: &str) -> Option<i64> {
+        match self.fields.get(name)? {
+            serde_json::Value::Number(n) => n.as_i64().or_else(|| n.as_f64().map(|f| f as i64)),
+            serde_json::Value::String(s) => s.trim().parse().ok(),
+            _ => None,
+        }
+    }
+
+    /// Field `name` as a list of partitions: a JSON array of numbers, or a string in Rust's
+    /// Debug format of a `Vec<i32>` (`"[0, 3]"`), or a single number.
+    pub fn partitions(&self, name: &str) -> Option<Vec<i32>> {
+        match self.fields.get(name)? {
+            serde_json::Value::Array(a) => a
+                .iter()
+                .map(|v| v.as_i64().and_then(|n| i32::try_from(n).ok()))
+                .collect(),
+            serde_json::Value::String(s) => {
+                let inner = s.trim().strip_prefix('[')?.strip_suffix(']')?;
+                inner
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|t| !t.is_empty())
+                    .map(|t| t.parse().ok())
+                    .collect()
+            }
+            serde_json::Value::Number(n) => Some(vec![i32::try_from(n.as_i64()?).ok()?]),
+            _ => None,
+        }
+    }
+
+    /// The event as one short line (for failure messages).
+    pub fn brief(&self) -> String {
+        let fields: Vec<String> = self
+            .fields
+            .iter()
+            .filter(|(k, _)| k.as_str() != "message")
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        format!(
+            "{} {} {}: {} {}",
+            self.at_ms,
+            self.level,
+            self.target,
+            self.message,
+            fields.join(" ")
+        )
+    }
+}
+
+/// A `--log-format json` log read back: its events, and the lines that are not JSON events
+/// (say, `error: ...` printed by `main` on a failed start), in file order.
+#[derive(Clone, Debug, Default)]
+pub struct JsonLog {
+    /// The JSON events.
+    pub events: Vec<LogEvent>,
+    /// Every other non-empty line.
+    pub other: Vec<String>,
+}
+
+impl JsonLog {
+    /// The events whose message is exactly `message`.
+    pub fn with_message<'a>(&'a self, message: &'a str) -> impl Iterator<Item = &'a LogEvent> {
+        self.events.iter().filter(move |e| e.message == message)
+    }
+
+    /// The last `n` warnings and errors (not librdkafka's own log), and every non-JSON line,
+    /// one per line (for failure messages).
+    pub fn trouble(&self, n: usize) -> String {
+        let bad: Vec<String> = self
+            .events
+            .iter()
+            .filter(|e| (e.level == "WARN" || e.level == "ERROR") && e.target != "librdkafka")
+            .map(LogEvent::brief)
+            .collect();
+        let mut lines: Vec<String> = bad[bad.len().saturating_sub(n)..].to_vec();
+        lines.extend(self.other.iter().cloned());
+        lines.join("\n")
+    }
+}
+
+/// Reads the JSON log at `path` (a partial last line, still being written, is left out).
+pub fn json_log(path: &Path) -> Result<JsonLog> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("read the log {}", path.display()))?;
+    let complete = match text.rfind('\n') {
+        Some(i) => &text[..=i],
+        None => "",
+    };
+    let mut log = JsonLog::default();
+    for line in complete.lines().filter(|l| !l.trim().is_empty()) {
+        match parse_event(line) {
+            Some(e) => log.events.push(e),
+            None => log.other.push(line.to_owned()),
+        }
+    }
+    Ok(log)
+}
+
+fn parse_event(line: &str) -> Option<LogEvent> {
+    let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    let obj = v.as_object()?;
+    let ts = obj.get("timestamp")?.as_str()?;
+    let at =
+        time::OffsetDateTime::parse(ts, &time::format_description::well_known::Rfc3339).ok()?;
+    let fields = obj.get("fields")?.as_object()?.clone();
+    Some(LogEvent {
+        at_ms: i64::try_from(at.unix_timestamp_nanos() / 1_000_000).ok()?,
+        level: obj.get("level")?.as_str()?.to_owned(),
+        target: obj
+            .get("target")
+            .and_then(|t| t.as_str())
+            .unwrap_or_default()
+            .to_owned(),
+        message: fields
+            .get("message")
+            .and_then(|m| m.as_str())
+            .unwrap_or_default()
+            .to_owned(),
+        fields,
+    })
+}
+
 /// Waits up to `limit` for `child` to exit (`None`: still running).
 pub fn wait_exit(child: &mut Child, limit: Duration) -> Result<Option<ExitStatus>> {
     let t0 = Instant::now();
@@ -46,13 +206,31 @@ pub fn wait_exit(child: &mut Child, limit: Duration) -> Result<Option<ExitStatus
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    Ok(None)
+    Ok(child.try_wait()?)
 }
 
 /// Polls `emitted_now` every 300 ms until it holds at least `rounds` distinct ids (by
 /// `id_of`), while `running` keeps running, for at most `limit`; returns the last read.
 pub fn wait_for_rounds<T>(
     running: &mut Child,
+    rounds: usize,
+    limit: Duration,
+    emitted_now: impl FnMut() -> Result<Vec<T>>,
+    id_of: impl Fn(&T) -> String,
+) -> Result<Vec<T>> {
+    wait_for_rounds_of(
+        &mut [("settle run", running)],
+        rounds,
+        limit,
+        emitted_now,
+        id_of,
+    )
+}
+
+/// [`wait_for_rounds`] while every one of the named `running` processes keeps running (the
+/// first that exits is a failure, with its name).
+pub fn wait_for_rounds_of<T>(
+    running: &mut [(&str, &mut Child)],
     rounds: usize,
     limit: Duration,
     mut emitted_now: impl FnMut() -> Result<Vec<T>>,
@@ -65,11 +243,14 @@ pub fn wait_for_rounds<T>(
         if ids.len() >= rounds {
             return Ok(got);
         }
-        ensure!(
-            running.try_wait()?.is_none(),
-            "settle run exited: {:?}",
-            running.try_wait()?
-        );
+        for (name, child) in running.iter_mut() {
+            if let Some(status) = child.try_wait()? {
+                anyhow::bail!(
+                    "{name} exited ({status}) with {} of {rounds} rounds out",
+                    ids.len()
+                );
+            }
+        }
         ensure!(
             t0.elapsed() < limit,
             "{} of {rounds} rounds out after {limit:?}",
@@ -83,11 +264,25 @@ pub fn wait_for_rounds<T>(
 /// how long it took. Kills the child if it is still running then.
 pub fn sigterm(child: &mut Child, deadline: Duration) -> Result<Duration> {
     let term = Instant::now();
+    send_sigterm(child)?;
+    wait_sigterm_exit(child, term, deadline)
+}
+
+/// Sends SIGTERM to `child` (no wait).
+pub fn send_sigterm(child: &Child) -> Result<()> {
     let kill = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()?;
-    ensure!(kill.success(), "kill -TERM failed");
-    let status = wait_exit(child, deadline + Duration::from_secs(5))?;
+    ensure!(kill.success(), "kill -TERM {} failed", child.id());
+    Ok(())
+}
+
+/// After SIGTERM was sent at `term`: requires a successful exit of `child` within
+/// `deadline` + 5 s of it; returns how long it took since `term`. Kills the child if it is
+/// still running then.
+pub fn wait_sigterm_exit(child: &mut Child, term: Instant, deadline: Duration) -> Result<Duration> {
+    let limit = (deadline + Duration::from_secs(5)).saturating_sub(term.elapsed());
+    let status = wait_exit(child, limit)?;
     let stopped_in = term.elapsed();
     let Some(status) = status else {
         child.kill()?;
@@ -127,5 +322,42 @@ idle-tick = "50ms"
 "#,
         data_dir.display(),
         shutdown_deadline.as_secs()
+    )
+}
+
+/// The config file of a `settle run` test process on Kafka: [`debounce_store_runtime`] with
+/// `data_dir` and `shutdown_deadline`, the `[kafka]` section of `kafka` (servers, group,
+/// topics) with `session.timeout.ms` = `session_timeout_ms` and 500 ms heartbeats, and one
+/// tier `normal` publishing to `output`.
+pub fn kafka_config_text(
+    kafka: &settle::transport::kafka::KafkaConfig,
+    output: &str,
+    data_dir: &Path,
+    shutdown_deadline: Duration,
+    session_timeout_ms: u32,
+) -> String {
+    format!(
+        r#"
+{common}
+
+[kafka]
+bootstrap-servers = "{bootstrap}"
+group-id = "{group}"
+input-topic = "{input}"
+dead-letter-topic = "{dlq}"
+[kafka.properties]
+"session.timeout.ms" = {session_timeout_ms}
+"heartbeat.interval.ms" = 500
+
+[tiers]
+[[tiers.tier]]
+name = "normal"
+topic = "{output}"
+"#,
+        common = debounce_store_runtime(data_dir, shutdown_deadline),
+        bootstrap = kafka.bootstrap_servers,
+        group = kafka.group_id,
+        input = kafka.input_topic,
+        dlq = kafka.dead_letter_topic,
     )
 }

@@ -1,0 +1,161 @@
+//! Restore time of one partition store from the changelog (issue "state handoff"): a store
+//! with `SETTLE_BENCH_SESSIONS` (default 100 000) pending sessions is built through the real
+//! engine and store with change recording on, its changes are appended to a changelog, then
+//! `runtime::restore::open_and_restore` rebuilds it in an empty directory, as a new owner
+//! does after a rebalance.
+//!
+//! Two changelogs: the memory sink's (the RocksDB side alone) and Kafka's (a fresh one-
+//! partition topic on `SETTLE_TEST_KAFKA`, default `127.0.0.1:9092`; skipped with a message
+//! when no broker answers). Run: `cargo bench --bench restore` (release). Prints one line per
+//! changelog: sessions, changelog records and bytes, restore time, records/s.
+
+use settle::engine::{Driver, Engine, Millis, PolicySpec, PolicyTable, SessionKey, Upload};
+use settle::runtime::restore::open_and_restore;
+use settle::runtime::StatusBoard;
+use settle::store::{Change, MemoryBudget, PartitionStore, StoreOptions};
+use settle::transport::kafka::{KafkaConfig, KafkaSink};
+use settle::transport::memory::MemoryBroker;
+use settle::transport::Sink;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+const T0: Millis = 1_767_225_600_000;
+const BATCH: usize = 1_000;
+
+/// Builds a store of `sessions` pending sessions (one upload each, 1 h fixed delay) and
+/// returns its recorded changes, in store-write order.
+fn build_changes(dir: &std::path::Path, sessions: usize) -> Vec<Vec<Change>> {
+    let mut store = PartitionStore::open(dir, &StoreOptions::default()).expect("store");
+    store.record_changes(true);
+    let engine = Engine::new(PolicyTable::uniform(PolicySpec::fixed(3_600_000)));
+    let mut driver = Driver::new(engine);
+    let mut writes = Vec::new();
+    let mut offset = 0i64;
+    for chunk in (0..sessions).collect::<Vec<_>>().chunks(BATCH) {
+        let mut out = Vec::new();
+        let mut batch = store.batch();
+        for &i in chunk {
+            let now = T0 + i as Millis;
+            let key = SessionKey::new(&format!("tenant-{}", i % 100), &format!("session-{i}"));
+            driver
+                .apply(&mut batch, now, &Upload::plain(key, now), &mut out)
+                .expect("apply");
+            offset += 1;
+        }
+        batch.set_offset(offset);
+        batch.set_partition_time(T0 + offset);
+        batch.commit().expect("commit");
+        writes.push(store.take_changes());
+    }
+    assert_eq!(store.pending_rounds(), sessions as u64);
+    writes
+}
+
+async fn append_all<K: Sink>(sink: &K, writes: &[Vec<Change>]) {
+    let mut acks = Vec::new();
+    for w in writes {
+        acks.push(sink.append_changes(0, w).expect("append"));
+    }
+    for a in acks {
+        a.await.expect("changelog ack");
+    }
+}
+
+async fn restore<K: Sink>(label: &str, sink: &K, sessions: usize, records: usize, bytes: usize) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let options = StoreOptions::default();
+    let budget = MemoryBudget::new(&options);
+    let status = StatusBoard::new();
+    let t = Instant::now();
+    let (store, report) = open_and_restore(
+        sink,
+        &dir.path().join("p0"),
+        &options,
+        &budget,
+        0,
+        &status,
+        &CancellationToken::new(),
+    )
+    .await
+    .expect("restore")
+    .expect("not cancelled");
+    let elapsed = t.elapsed();
+    assert_eq!(
+        store.pending_rounds(),
+        sessions as u64,
+        "every pending round restored"
+    );
+    assert_eq!(report.records, records as u64);
+    println!(
+        "{label:>6}: {sessions} pending sessions, {records} changelog records ({:.1} MiB): restored in {:.2} s ({:.0} records/s)",
+        bytes as f64 / 1_048_576.0,
+        elapsed.as_secs_f64(),
+        records as f64 / elapsed.as_secs_f64()
+    );
+}
+
+fn main() {
+    let sessions: usize = std::env::var("SETTLE_BENCH_SESSIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let t = Instant::now();
+    let writes = build_changes(dir.path(), sessions);
+    let records: usize = writes.iter().map(Vec::len).sum();
+    let bytes: usize = writes
+        .iter()
+        .flatten()
+        .map(|c| c.key.len() + c.value.as_ref().map_or(0, Vec::len))
+        .sum();
+    println!(
+        "built a store of {sessions} pending sessions in {:.2} s: {records} changelog records",
+        t.elapsed().as_secs_f64()
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio");
+
+    let memory = MemoryBroker::new("uploads", 1);
+    memory.enable_changelog();
+    let sink = memory.sink();
+    rt.block_on(async {
+        append_all(&sink, &writes).await;
+        restore("memory", &sink, sessions, records, bytes).await;
+    });
+
+    let bootstrap = std::env::var("SETTLE_TEST_KAFKA").unwrap_or_else(|_| "127.0.0.1:9092".into());
+    let topic = format!(
+        "restore-bench-{}-{}",
+        std::process::id(),
+        T0 + t.elapsed().as_millis() as i64
+    );
+    let kafka = KafkaConfig {
+        bootstrap_servers: bootstrap.clone(),
+        changelog_topic: Some(topic.clone()),
+        ..KafkaConfig::default()
+    };
+    let created = rt.block_on(async {
+        tokio::time::timeout(
+            Duration::from_secs(20),
+            settle::loadgen::create_topics(&kafka, &[(&topic, 1)]),
+        )
+        .await
+    });
+    if !matches!(created, Ok(Ok(_))) {
+        println!("kafka: no broker at {bootstrap} ({created:?}): Kafka restore not measured");
+        return;
+    }
+    let sink = KafkaSink::new(&kafka).expect("kafka sink");
+    rt.block_on(async {
+        let t = Instant::now();
+        append_all(&sink, &writes).await;
+        println!(
+            "kafka: appended {records} records to {topic} in {:.2} s",
+            t.elapsed().as_secs_f64()
+        );
+        restore("kafka", &sink, sessions, records, bytes).await;
+    });
+}

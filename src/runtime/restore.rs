@@ -1,0 +1,252 @@
+//! Restore on assign (ARCHITECTURE "changelog"; SEMANTICS §6 "Single writer"): before a
+//! partition task takes input, its store is brought level with the changelog, so a new owner
+//! continues every pending round of the old one and resumes at the input offset the old one
+//! stopped at (the offset is part of what is restored).
+//!
+//! Only when the sink has a changelog ([`Sink::changelog`]). The decision, from the local
+//! store's changelog bookkeeping (see [`crate::store::changelog`]):
+//!
+//! | local store | what happens |
+//! |---|---|
+//! | dirty (writes not known to be in the changelog: the process died, or lost the partition, before the changelog acknowledged them) | wiped, then restored from offset 0 |
+//! | clean, checkpoint `c` | records from `c` to the end are applied (nothing when the changelog ends at `c`, the usual restart) |
+//! | no checkpoint, empty (new instance, new partition) | restored from offset 0 |
+//! | no checkpoint, not empty (a store from before the changelog was enabled) | the changelog is empty: the store is written to it as a snapshot; else the changelog wins: wiped and restored |
+//!
+//! Progress: the partition is in state `restoring` with `restore_remaining` records left
+//! (status board, `/v1/partitions`, metric `settle_restore_remaining_records`), and a log line
+//! every [`PROGRESS_EVERY`]; the end is logged as `partition restored from changelog` with the
+//! record count and the time taken. A broker that is unavailable is retried with backoff from
+//! the last applied chunk (each chunk moves the checkpoint, so no work is lost).
+
+use super::status::{PartitionState, StatusBoard};
+use super::throttle::LogThrottle;
+use crate::store::{MemoryBudget, PartitionStore, StoreOptions};
+use crate::transport::{Backoff, ChangelogReader, Sink};
+use std::path::Path;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// Changelog records applied per RocksDB write during a restore.
+pub const RESTORE_CHUNK: usize = 10_000;
+
+/// How often a running restore logs its progress.
+pub const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// What a restore did (for logs and tests).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RestoreReport {
+    /// Changelog records applied.
+    pub records: u64,
+    /// The local store was wiped first (it was dirty, or older than a non-empty changelog).
+    pub wiped: bool,
+    /// The local store was written to an empty changelog as a snapshot (records).
+    pub seeded: u64,
+    /// Wall time taken (ms).
+    pub elapsed_ms: u64,
+}
+
+/// Opens the store of `partition` at `path` and, when `sink` has a changelog, brings it level
+/// with the changelog (module docs). Returns the store, ready for the partition task, or
+/// `None` when `cancel` fired first.
+///
+/// Errors (fatal for the partition, the text says what failed): the store cannot be opened,
+/// wiped or written; a changelog record names no column family of this build; a fatal
+/// changelog error.
+#[allow(clippy::too_many_arguments)]
+pub async fn open_and_restore<K: Sink>(
+    sink: &K,
+    path: &Path,
+    options: &StoreOptions,
+    budget: &MemoryBudget,
+    partition: i32,
+    status: &StatusBoard,
+    cancel: &CancellationToken,
+) -> Result<Option<(PartitionStore, RestoreReport)>, String> {
+    let open = || {
+        PartitionStore::open_with_budget(path, options, budget)
+            .map_err(|e| format!("partition store: {e}"))
+    };
+    let mut store = open()?;
+    let mut report = RestoreReport::default();
+    let Some(topic) = sink.changelog().map(str::to_owned) else {
+        return Ok(Some((store, report)));
+    };
+    let started = Instant::now();
+    let mut wipe = store.changelog_dirty();
+    if wipe {
+        tracing::warn!(
+            partition,
+            changelog = %topic,
+            "the store holds writes the changelog never acknowledged (the process stopped or lost the partition before): wiping it and restoring from the changelog"
+        );
+    } else if store.changelog_checkpoint().is_none() && !store.is_empty() {
+        // A store from before the changelog: seed an empty changelog with it.
+        let mut reader = match open_reader(sink, partition, 0, status, cancel).await? {
+            Some(r) => r,
+            None => return Ok(None),
+        };
+        let first = reader
+            .next_chunk(1)
+            .await
+            .map_err(|e| format!("changelog: {e}"))?;
+        if first.is_empty() {
+            let snapshot = store
+                .snapshot_changes()
+                .map_err(|e| format!("partition store: {e}"))?;
+            let ack = sink
+                .append_changes(partition, &snapshot)
+                .map_err(|e| format!("changelog: {e}"))?;
+            let next = ack.await.map_err(|e| format!("changelog: {e}"))?;
+            store
+                .changelog_synced(next)
+                .map_err(|e| format!("partition store: {e}"))?;
+            report.seeded = snapshot.len() as u64;
+            tracing::info!(
+                partition,
+                changelog = %topic,
+                records = report.seeded,
+                "the store predates the changelog: written to the empty changelog as a snapshot"
+            );
+            report.elapsed_ms = started.elapsed().as_millis() as u64;
+            return Ok(Some((store, report)));
+        }
+        tracing::warn!(
+            partition,
+            changelog = %topic,
+            "the store has no changelog checkpoint but the changelog has records: the changelog wins; wiping the store and restoring"
+        );
+        wipe = true;
+    }
+    if wipe {
+        drop(store);
+        PartitionStore::destroy(path).map_err(|e| format!("partition store: {e}"))?;
+        store = open()?;
+        report.wiped = true;
+    }
+
+    status.update(partition, |s| s.state = PartitionState::Restoring);
+    let mut backoff = Backoff::new(Duration::from_secs(5));
+    let mut warn = LogThrottle::default();
+    let mut logged_at = Instant::now();
+    let from_start = store.changelog_checkpoint().unwrap_or(0);
+    'reopen: loop {
+        let from = store.changelog_checkpoint().unwrap_or(0);
+        let Some(mut reader) = open_reader(sink, partition, from, status, cancel).await? else {
+            return Ok(None);
+        };
+        loop {
+            let chunk = tokio::select! {
+                () = cancel.cancelled() => return Ok(None),
+                c = reader.next_chunk(RESTORE_CHUNK) => c,
+            };
+            let chunk = match chunk {
+                Ok(c) => c,
+                Err(e) if e.is_retryable() => {
+                    if let Some(suppressed) = warn.allow() {
+                        tracing::warn!(partition, error = %e, suppressed, "changelog read failed; retrying from the last applied record (logged at most every 10 s)");
+                    }
+                    tokio::select! {
+                        () = cancel.cancelled() => return Ok(None),
+                        () = tokio::time::sleep(backoff.next_delay()) => {}
+                    }
+                    continue 'reopen;
+                }
+                Err(e) => return Err(format!("changelog: {e}")),
+            };
+            let Some(&(last, _)) = chunk.last() else {
+                break 'reopen;
+            };
+            backoff.reset();
+            let n = store
+                .restore(chunk.iter().map(|(o, c)| (*o, c)))
+                .map_err(|e| format!("partition store: restoring from the changelog: {e}"))?;
+            report.records += n as u64;
+            let remaining = reader
+                .end_hint()
+                .map_or(0, |end| end.saturating_sub(last + 1).max(0) as u64);
+            status.update(partition, |s| s.restore_remaining = remaining);
+            if logged_at.elapsed() >= PROGRESS_EVERY {
+                logged_at = Instant::now();
+                tracing::info!(
+                    partition,
+                    changelog = %topic,
+                    restored = report.records,
+                    remaining,
+                    "restoring the partition store from the changelog"
+                );
+            }
+        }
+    }
+    status.update(partition, |s| {
+        s.restore_remaining = 0;
+        s.state = PartitionState::Starting;
+    });
+    report.elapsed_ms = started.elapsed().as_millis() as u64;
+    tracing::info!(
+        partition,
+        changelog = %topic,
+        from = from_start,
+        records = report.records,
+        wiped = report.wiped,
+        elapsed_ms = report.elapsed_ms,
+        next_offset = ?store.stored_offset(),
+        pending_rounds = store.pending_rounds(),
+        outbox = store.outbox_len(),
+        "partition restored from changelog"
+    );
+    Ok(Some((store, report)))
+}
+
+/// Opens a changelog reader, retrying while the changelog is unavailable (missing topic,
+/// broker down). `None`: cancelled.
+async fn open_reader<K: Sink>(
+    sink: &K,
+    partition: i32,
+    from: i64,
+    status: &StatusBoard,
+    cancel: &CancellationToken,
+) -> Result<Option<Box<dyn ChangelogReader>>, String> {
+    retry_unavailable("changelog", partition, cancel, || {
+        status.update(partition, |s| s.state = PartitionState::Restoring);
+        sink.read_changelog(partition, from)
+    })
+    .await
+}
+
+/// Runs `op` until it succeeds, retrying after a backoff (50 ms doubling up to 5 s) while it
+/// fails with a retryable error; the failure is logged (naming `what` and `partition`) at
+/// most every 10 s. `Ok(None)`: `cancel` fired first.
+///
+/// Errors: the first non-retryable error, as text prefixed with `what`.
+pub(crate) async fn retry_unavailable<T, Fut>(
+    what: &str,
+    partition: i32,
+    cancel: &CancellationToken,
+    mut op: impl FnMut() -> Fut,
+) -> Result<Option<T>, String>
+where
+    Fut: std::future::Future<Output = Result<T, crate::transport::Error>>,
+{
+    let mut backoff = Backoff::new(Duration::from_secs(5));
+    let mut warn = LogThrottle::default();
+    loop {
+        let result = tokio::select! {
+            () = cancel.cancelled() => return Ok(None),
+            r = op() => r,
+        };
+        match result {
+            Ok(v) => return Ok(Some(v)),
+            Err(e) if e.is_retryable() => {
+                if let Some(suppressed) = warn.allow() {
+                    tracing::warn!(partition, error = %e, suppressed, "{what} unavailable; the partition waits and retries (logged at most every 10 s)");
+                }
+                tokio::select! {
+                    () = cancel.cancelled() => return Ok(None),
+                    () = tokio::time::sleep(backoff.next_delay()) => {}
+                }
+            }
+            Err(e) => return Err(format!("{what}: {e}")),
+        }
+    }
+}

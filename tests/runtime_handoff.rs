@@ -1,0 +1,208 @@
+//! State handoff between two runtimes (two "instances" with their own data dirs) through the
+//! changelog, on the memory transport in paused tokio time: a new owner restores pending
+//! rounds, the outbox and the input offset; a lost partition is fenced at once; a dirty store
+//! is wiped and restored; a clean restart reads nothing.
+
+mod runtime_support;
+
+use runtime_support::*;
+use settle::engine::{Emission, PolicySpec, Upload};
+use settle::runtime::{Clock, PartitionState, Runtime};
+use settle::store::{partition_path, PartitionStore, StoreOptions};
+use settle::transport::memory::MemoryBroker;
+use std::collections::BTreeMap;
+use std::path::Path;
+use tokio_util::sync::CancellationToken;
+
+const DELAY: i64 = 10_000;
+
+/// Starts a runtime named `member` (its own memory source) with stores under `dir`, owning
+/// `partitions` at start.
+fn start_member(f: &Fixture, member: &str, dir: &Path, partitions: &[i32]) -> Running {
+    let runtime = Runtime::new(f.engine.clone(), f.broker.sink(), f.clock, options(dir))
+        .expect("valid options");
+    let status = runtime.status();
+    let shutdown = CancellationToken::new();
+    let task =
+        tokio::spawn(runtime.run(f.broker.source_with(member, partitions), shutdown.clone()));
+    Running {
+        status,
+        shutdown,
+        task,
+    }
+}
+
+/// Produces one upload for each of `sessions` sessions of tenant `acme` at the clock's now;
+/// returns the uploads (for the reference replay).
+fn produce_sessions(f: &Fixture, sessions: usize, tag: &str) -> Vec<Upload> {
+    let now = f.clock.now_ms();
+    (0..sessions)
+        .map(|i| {
+            let s = format!("{tag}{i}");
+            produce(&f.broker, "acme", &s, now);
+            Upload::plain(settle::engine::SessionKey::new("acme", &s), now)
+        })
+        .collect()
+}
+
+/// Count of each emission id in the broker's output.
+fn id_counts(broker: &MemoryBroker) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for (e, _) in emitted(broker) {
+        *counts.entry(e.emission_id()).or_insert(0) += 1;
+    }
+    counts
+}
+
+fn ids(emissions: &[Emission]) -> Vec<String> {
+    let mut v: Vec<String> = emissions.iter().map(Emission::emission_id).collect();
+    v.sort();
+    v
+}
+
+fn applied_all(
+    broker: &MemoryBroker,
+    partitions: i32,
+) -> impl Fn(&settle::runtime::StatusMap) -> bool + '_ {
+    move |m| {
+        (0..partitions).all(|p| {
+            m.get(&p)
+                .is_some_and(|s| s.next_offset == Some(broker.end_offset(p)))
+        })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_owner_restores_pending_rounds_and_the_offset_from_the_changelog() {
+    let f = fixture(2, PolicySpec::fixed(DELAY));
+    f.broker.enable_changelog();
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let uploads = produce_sessions(&f, 40, "s");
+
+    let a = start_member(&f, "a", dir_a.path(), &[0, 1]);
+    a.until(applied_all(&f.broker, 2)).await;
+    assert!(
+        f.broker.output().is_empty(),
+        "nothing is due before {DELAY} ms"
+    );
+    // A hands both partitions back (cooperative rebalance).
+    f.broker.revoke("a", &[0, 1]).await.unwrap();
+    for p in 0..2 {
+        assert!(
+            !f.broker.changelog_records(p).is_empty(),
+            "partition {p}'s writes are on the changelog"
+        );
+    }
+
+    let b = start_member(&f, "b", dir_b.path(), &[]);
+    f.broker.assign("b", &[0, 1]);
+    b.until(|m| all(m, 2, |s| s.is_idle() && s.published > 0))
+        .await;
+    // B resumed exactly where A stopped: same offsets, every round once.
+    for p in 0..2 {
+        let s = b.status.snapshot()[&p].clone();
+        assert_eq!(s.next_offset, Some(f.broker.end_offset(p)));
+    }
+    let want = ids(&reference(&f.engine, &uploads));
+    assert_eq!(want.len(), 40);
+    let counts = id_counts(&f.broker);
+    assert_eq!(counts.keys().cloned().collect::<Vec<_>>(), want);
+    assert!(counts.values().all(|&n| n == 1), "{counts:?}");
+    for (e, _) in emitted(&f.broker) {
+        assert_eq!(e.due_at, T0 + DELAY, "{e:?}");
+    }
+    b.stop().await;
+    a.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_partition_is_fenced_and_the_new_owner_publishes_what_is_owed() {
+    let f = fixture(1, PolicySpec::fixed(DELAY));
+    f.broker.enable_changelog();
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let uploads = produce_sessions(&f, 25, "x");
+
+    // A fires every round while the sink is down: the emissions wait in its outbox.
+    f.broker.set_sink_available(false);
+    let a = start_member(&f, "a", dir_a.path(), &[0]);
+    a.until(|m| all(m, 1, |s| s.outbox_len == 25 && s.pending_rounds == 0))
+        .await;
+    // The sink comes back and, before A's publisher retries (its backoff timer has not
+    // fired: paused time only moves when every task waits), the assignment is lost
+    // (session timeout): A is fenced at once and drains nothing.
+    f.broker.set_sink_available(true);
+    f.broker.revoke_lost("a", &[0]).await.unwrap();
+    let a_state = a.status.snapshot()[&0].state.clone();
+    assert_eq!(a_state, PartitionState::Stopped);
+    // A would have published by now if it were not fenced.
+    tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+    assert!(
+        f.broker.output().is_empty(),
+        "a fenced instance publishes nothing"
+    );
+
+    let b = start_member(&f, "b", dir_b.path(), &[]);
+    f.broker.assign("b", &[0]);
+    b.until(|m| all(m, 1, |s| s.is_idle() && s.published == 25))
+        .await;
+    let counts = id_counts(&f.broker);
+    assert_eq!(
+        counts.keys().cloned().collect::<Vec<_>>(),
+        ids(&reference(&f.engine, &uploads))
+    );
+    assert!(counts.values().all(|&n| n == 1), "{counts:?}");
+    b.stop().await;
+    a.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dirty_store_is_wiped_and_restored_and_a_clean_restart_reads_nothing() {
+    let f = fixture(1, PolicySpec::fixed(DELAY));
+    f.broker.enable_changelog();
+    let dir = tempfile::tempdir().unwrap();
+    produce_sessions(&f, 10, "d");
+
+    let run = start_member(&f, "a", dir.path(), &[0]);
+    run.until(applied_all(&f.broker, 1)).await;
+    run.stop().await;
+    let logged = f.broker.changelog_records(0).len();
+    {
+        let store = open(dir.path());
+        assert!(
+            !store.changelog_dirty(),
+            "a graceful stop syncs the changelog"
+        );
+        assert_eq!(store.changelog_checkpoint(), Some(logged as i64));
+    }
+
+    // A clean restart reads nothing new from the changelog and keeps its store.
+    let run = start_member(&f, "a", dir.path(), &[0]);
+    run.until(|m| all(m, 1, |s| s.state == PartitionState::Live))
+        .await;
+    run.stop().await;
+
+    // A write the changelog never got (the process died before the ack): the store is dirty.
+    {
+        let mut store = open(dir.path());
+        store.record_changes(true);
+        let mut batch = store.batch();
+        batch.set_offset(999);
+        batch.commit().unwrap();
+        assert!(store.changelog_dirty());
+    }
+    let run = start_member(&f, "a", dir.path(), &[0]);
+    run.until(|m| all(m, 1, |s| s.state == PartitionState::Live))
+        .await;
+    let s = run.status.snapshot()[&0].clone();
+    assert_eq!(
+        s.next_offset,
+        Some(10),
+        "the unlogged write is gone: the store is the changelog's again"
+    );
+    assert_eq!(s.pending_rounds, 10);
+    run.stop().await;
+}
+
+fn open(dir: &Path) -> PartitionStore {
+    PartitionStore::open(&partition_path(dir, TOPIC, 0), &StoreOptions::default()).unwrap()
+}
