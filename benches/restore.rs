@@ -67,8 +67,11 @@ async fn restore<K: Sink>(label: &str, sink: &K, sessions: usize, records: usize
     let budget = MemoryBudget::new(&options);
     let status = StatusBoard::new();
     let t = Instant::now();
+    let engine = Engine::new(PolicyTable::uniform(PolicySpec::fixed(3_600_000)));
     let (store, report) = open_and_restore(
         sink,
+        &engine,
+        false,
         &dir.path().join("p0"),
         &options,
         &budget,

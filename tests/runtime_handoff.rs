@@ -1,15 +1,17 @@
 //! State handoff between two runtimes (two "instances" with their own data dirs) through the
 //! changelog, on the memory transport in paused tokio time: a new owner restores pending
 //! rounds, the outbox and the input offset; a lost partition is fenced at once; a dirty store
-//! is wiped and restored; a clean restart reads nothing.
+//! is kept unless another writer appended to the changelog (then wiped and restored); a clean
+//! restart reads nothing.
 
 mod runtime_support;
 
 use runtime_support::*;
-use settle::engine::{Emission, PolicySpec, Upload};
+use settle::engine::{Driver, Emission, PolicySpec, SessionKey, Upload};
 use settle::runtime::{Clock, PartitionState, Runtime};
-use settle::store::{partition_path, PartitionStore, StoreOptions};
+use settle::store::{changelog_key, partition_path, Change, PartitionStore, StoreOptions};
 use settle::transport::memory::MemoryBroker;
+use settle::transport::Sink;
 use std::collections::BTreeMap;
 use std::path::Path;
 use tokio_util::sync::CancellationToken;
@@ -156,7 +158,7 @@ async fn a_lost_partition_is_fenced_and_the_new_owner_publishes_what_is_owed() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_dirty_store_is_wiped_and_restored_and_a_clean_restart_reads_nothing() {
+async fn a_dirty_store_is_kept_unless_another_writer_appended_and_a_clean_restart_reads_nothing() {
     let f = fixture(1, PolicySpec::fixed(DELAY));
     f.broker.enable_changelog();
     let dir = tempfile::tempdir().unwrap();
@@ -182,25 +184,61 @@ async fn a_dirty_store_is_wiped_and_restored_and_a_clean_restart_reads_nothing()
     run.stop().await;
 
     // A write the changelog never got (the process died before the ack): the store is dirty.
+    // Nobody else wrote the changelog since: the store is kept (a crash-restart resumes
+    // exactly where its store is) and its state written to the changelog again.
+    dirty_write(dir.path(), "late-1");
+    let run = start_member(&f, "a", dir.path(), &[0]);
+    run.until(|m| all(m, 1, |s| s.state == PartitionState::Live))
+        .await;
+    assert_eq!(
+        run.status.snapshot()[&0].pending_rounds,
+        11,
+        "the unlogged session is kept"
+    );
+    run.stop().await;
     {
-        let mut store = open(dir.path());
-        store.record_changes(true);
-        let mut batch = store.batch();
-        batch.set_offset(999);
-        batch.commit().unwrap();
-        assert!(store.changelog_dirty());
+        // And it is on the changelog now: a new owner restores all 11.
+        let fresh = tempfile::tempdir().unwrap();
+        let b = start_member(&f, "b", fresh.path(), &[0]);
+        b.until(|m| all(m, 1, |s| s.state == PartitionState::Live))
+            .await;
+        assert_eq!(b.status.snapshot()[&0].pending_rounds, 11);
+        b.stop().await;
     }
+
+    // Dirty again, but another instance appended to the changelog since this store's
+    // checkpoint: the store is wiped and restored from the changelog.
+    dirty_write(dir.path(), "late-2");
+    let foreign = Change {
+        key: changelog_key("meta", b"writer"),
+        value: Some(7u64.to_be_bytes().to_vec()),
+    };
+    let ack = f.broker.sink().append_changes(0, &[foreign]).unwrap();
+    ack.await.unwrap();
     let run = start_member(&f, "a", dir.path(), &[0]);
     run.until(|m| all(m, 1, |s| s.state == PartitionState::Live))
         .await;
     let s = run.status.snapshot()[&0].clone();
+    assert_eq!(s.next_offset, Some(10));
     assert_eq!(
-        s.next_offset,
-        Some(10),
-        "the unlogged write is gone: the store is the changelog's again"
+        s.pending_rounds, 11,
+        "late-2 is gone: the store is the changelog's again"
     );
-    assert_eq!(s.pending_rounds, 10);
     run.stop().await;
+}
+
+/// Applies an upload of `acme/{session}` to the store in `dir` without the input record
+/// and without shipping its changes: a write the changelog never got (a crash right after).
+fn dirty_write(dir: &Path, session: &str) {
+    let mut store = open(dir);
+    store.record_changes(true);
+    let mut driver = Driver::new(runtime_support::engine(PolicySpec::fixed(DELAY)));
+    let mut out = Vec::new();
+    let mut batch = store.batch();
+    let upload = Upload::plain(SessionKey::new("acme", session), T0 + 1);
+    driver.apply(&mut batch, T0 + 1, &upload, &mut out).unwrap();
+    batch.commit().unwrap();
+    assert!(store.changelog_dirty());
 }
 
 fn open(dir: &Path) -> PartitionStore {

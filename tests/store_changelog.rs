@@ -15,11 +15,20 @@ fn open(path: &Path) -> PartitionStore {
 
 const T0: Millis = 1_767_225_600_000;
 
+fn engine() -> Engine {
+    Engine::new(PolicyTable::uniform(PolicySpec::fixed(1_000)))
+}
+
+/// Timers are not on the changelog: a restored store rebuilds them from its sessions.
+fn rebuild(store: &mut PartitionStore) {
+    let engine = engine();
+    store.rebuild_timers(|k, s| engine.next_due(k, s)).unwrap();
+}
+
 /// Runs a small workload through the driver in `batches` store batches: uploads of 30 keys,
 /// rounds firing, acks of half the outbox. Returns the emissions.
 fn workload(store: &mut PartitionStore, batches: usize) -> Vec<Emission> {
-    let engine = Engine::new(PolicyTable::uniform(PolicySpec::fixed(1_000)));
-    let mut driver = Driver::new(engine);
+    let mut driver = Driver::new(engine());
     let mut all = Vec::new();
     let mut offset = 0;
     for b in 0..batches {
@@ -93,8 +102,20 @@ fn recorded_changes_restore_an_identical_store() {
         "meta comes after the data it describes"
     );
     assert!(
-        changes.iter().all(|c| !c.key.ends_with(b"changelog_dirty")),
-        "local-only keys are never recorded"
+        changes.iter().all(|c| !c.key.ends_with(b"changelog_dirty")
+            && !c.key.ends_with(b"timer_floor")
+            && !c.key.starts_with(b"timers\0")),
+        "timers and local-only keys are never recorded"
+    );
+    let writer = source
+        .writer_id()
+        .expect("chosen at the first recorded write");
+    assert!(
+        changes
+            .iter()
+            .filter_map(settle::store::changelog::writer_of)
+            .all(|w| w == writer),
+        "every write names its writer"
     );
 
     let mut restored = open(&dir.path().join("b"));
@@ -111,6 +132,7 @@ fn recorded_changes_restore_an_identical_store() {
     }
     assert_eq!(restored.changelog_checkpoint(), Some(log.len() as i64));
     assert!(!restored.changelog_dirty());
+    rebuild(&mut restored);
     assert_eq!(contents(&mut restored), contents(&mut source));
 }
 
@@ -133,6 +155,7 @@ fn an_incremental_restore_from_the_checkpoint_equals_a_full_one() {
 
     let mut full = open(&dir.path().join("full"));
     full.restore(log.iter().map(|(o, c)| (*o, c))).unwrap();
+    rebuild(&mut full);
 
     let path = dir.path().join("incremental");
     {
@@ -146,6 +169,7 @@ fn an_incremental_restore_from_the_checkpoint_equals_a_full_one() {
     assert_eq!(from, first.len());
     inc.restore(log[from..].iter().map(|(o, c)| (*o, c)))
         .unwrap();
+    rebuild(&mut inc);
     assert_eq!(contents(&mut inc), contents(&mut full));
     assert_eq!(contents(&mut inc), contents(&mut source));
 }
@@ -190,6 +214,7 @@ fn a_snapshot_holds_every_record_but_the_local_ones() {
     let mut copy = open(&dir.path().join("b"));
     copy.restore(snapshot.iter().enumerate().map(|(i, c)| (i as i64, c)))
         .unwrap();
+    rebuild(&mut copy);
     assert_eq!(contents(&mut copy), contents(&mut source));
 }
 

@@ -378,6 +378,8 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
                 };
                 let restored = restore::open_and_restore(
                     &ctx.sink,
+                    &ctx.engine,
+                    txn.is_some(),
                     &path,
                     &store_options,
                     &budget,

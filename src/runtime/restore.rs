@@ -8,10 +8,17 @@
 //!
 //! | local store | what happens |
 //! |---|---|
-//! | dirty (writes not known to be in the changelog: the process died, or lost the partition, before the changelog acknowledged them) | wiped, then restored from offset 0 |
 //! | clean, checkpoint `c` | records from `c` to the end are applied (nothing when the changelog ends at `c`, the usual restart) |
 //! | no checkpoint, empty (new instance, new partition) | restored from offset 0 |
-//! | no checkpoint, not empty (a store from before the changelog was enabled) | the changelog is empty: the store is written to it as a snapshot; else the changelog wins: wiped and restored |
+//! | dirty (writes not known to be in the changelog: the process died, or lost the partition, before the changelog acknowledged them), or no checkpoint but not empty (a store from before the changelog) | the changelog from the checkpoint (or 0) is read: if no other writer appended there (`meta\0writer`), the store is kept and its state appended again as a snapshot (a crash-restart resumes exactly where the store is); else it is wiped and restored from offset 0 |
+//!
+//! In exactly-once mode a dirty store is always wiped: its last writes belong to a
+//! transaction that did not commit.
+//!
+//! After applying records, the timers are rebuilt from the sessions (they are not on the
+//! changelog). A snapshot has no tombstones: a key deleted in the writes the changelog lacked
+//! (an expired session, an acknowledged outbox entry) comes back on a later restore from
+//! scratch, and is expired or re-published (same `emission_id`) again.
 //!
 //! Progress: the partition is in state `restoring` with `restore_remaining` records left
 //! (status board, `/v1/partitions`, metric `settle_restore_remaining_records`), and a log line
@@ -21,7 +28,8 @@
 
 use super::status::{PartitionState, StatusBoard};
 use super::throttle::LogThrottle;
-use crate::store::{MemoryBudget, PartitionStore, StoreOptions};
+use crate::engine::Engine;
+use crate::store::{changelog::writer_of, MemoryBudget, PartitionStore, StoreOptions};
 use crate::transport::{Backoff, ChangelogReader, Sink};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -47,8 +55,10 @@ pub struct RestoreReport {
 }
 
 /// Opens the store of `partition` at `path` and, when `sink` has a changelog, brings it level
-/// with the changelog (module docs). Returns the store, ready for the partition task, or
-/// `None` when `cancel` fired first.
+/// with the changelog (module docs), rebuilding timers with `engine`'s `next_due`;
+/// `exactly_once`: the partition commits through transactions (a dirty store is always
+/// wiped). Returns the store, ready for the partition task, or `None` when `cancel` fired
+/// first.
 ///
 /// Errors (fatal for the partition, the text says what failed): the store cannot be opened,
 /// wiped or written; a changelog record names no column family of this build; a fatal
@@ -56,6 +66,8 @@ pub struct RestoreReport {
 #[allow(clippy::too_many_arguments)]
 pub async fn open_and_restore<K: Sink>(
     sink: &K,
+    engine: &Engine,
+    exactly_once: bool,
     path: &Path,
     options: &StoreOptions,
     budget: &MemoryBudget,
@@ -73,24 +85,29 @@ pub async fn open_and_restore<K: Sink>(
         return Ok(Some((store, report)));
     };
     let started = Instant::now();
-    let mut wipe = store.changelog_dirty();
-    if wipe {
+    let mut wipe = false;
+    if exactly_once && store.changelog_dirty() {
+        // Its last writes belong to a transaction that never committed (their emissions
+        // were aborted with it): only the committed changelog counts.
         tracing::warn!(
             partition,
             changelog = %topic,
-            "the store holds writes the changelog never acknowledged (the process stopped or lost the partition before): wiping it and restoring from the changelog"
+            "exactly-once: the store holds writes of an uncommitted transaction: wiping it and restoring from the committed changelog"
         );
-    } else if store.changelog_checkpoint().is_none() && !store.is_empty() {
-        // A store from before the changelog: seed an empty changelog with it.
-        let mut reader = match open_reader(sink, partition, 0, status, cancel).await? {
-            Some(r) => r,
-            None => return Ok(None),
+        wipe = true;
+    } else if store.changelog_dirty()
+        || (store.changelog_checkpoint().is_none() && !store.is_empty())
+    {
+        // The store may hold writes the changelog lacks (the process died before the
+        // changelog acknowledged them, or the store predates the changelog). It is kept if no
+        // other writer appended to the changelog since its checkpoint.
+        let from = store.changelog_checkpoint().unwrap_or(0);
+        let Some(foreign) =
+            foreign_writes(sink, partition, from, store.writer_id(), status, cancel).await?
+        else {
+            return Ok(None);
         };
-        let first = reader
-            .next_chunk(1)
-            .await
-            .map_err(|e| format!("changelog: {e}"))?;
-        if first.is_empty() {
+        if foreign == 0 {
             let snapshot = store
                 .snapshot_changes()
                 .map_err(|e| format!("partition store: {e}"))?;
@@ -102,19 +119,21 @@ pub async fn open_and_restore<K: Sink>(
                 .changelog_synced(next)
                 .map_err(|e| format!("partition store: {e}"))?;
             report.seeded = snapshot.len() as u64;
+            report.elapsed_ms = started.elapsed().as_millis() as u64;
             tracing::info!(
                 partition,
                 changelog = %topic,
                 records = report.seeded,
-                "the store predates the changelog: written to the empty changelog as a snapshot"
+                elapsed_ms = report.elapsed_ms,
+                "the store holds writes the changelog may lack and nobody else wrote the changelog since: store kept, its state written to the changelog again"
             );
-            report.elapsed_ms = started.elapsed().as_millis() as u64;
             return Ok(Some((store, report)));
         }
         tracing::warn!(
             partition,
             changelog = %topic,
-            "the store has no changelog checkpoint but the changelog has records: the changelog wins; wiping the store and restoring"
+            foreign,
+            "another instance wrote the changelog since this store's checkpoint: wiping the store and restoring it from the changelog"
         );
         wipe = true;
     }
@@ -178,6 +197,12 @@ pub async fn open_and_restore<K: Sink>(
             }
         }
     }
+    if report.records > 0 {
+        // Timers are not on the changelog: one per session, from its state.
+        store
+            .rebuild_timers(|key, state| engine.next_due(key, state))
+            .map_err(|e| format!("partition store: rebuilding timers: {e}"))?;
+    }
     status.update(partition, |s| {
         s.restore_remaining = 0;
         s.state = PartitionState::Starting;
@@ -196,6 +221,37 @@ pub async fn open_and_restore<K: Sink>(
         "partition restored from changelog"
     );
     Ok(Some((store, report)))
+}
+
+/// Reads changelog partition `partition` from `from` to its end and counts the records of
+/// `meta\0writer` that name another writer than `own` (any writer when `own` is `None`).
+/// `None`: cancelled.
+async fn foreign_writes<K: Sink>(
+    sink: &K,
+    partition: i32,
+    from: i64,
+    own: Option<u64>,
+    status: &StatusBoard,
+    cancel: &CancellationToken,
+) -> Result<Option<u64>, String> {
+    let Some(mut reader) = open_reader(sink, partition, from, status, cancel).await? else {
+        return Ok(None);
+    };
+    let mut foreign = 0u64;
+    loop {
+        let chunk = tokio::select! {
+            () = cancel.cancelled() => return Ok(None),
+            c = reader.next_chunk(RESTORE_CHUNK) => c.map_err(|e| format!("changelog: {e}"))?,
+        };
+        if chunk.is_empty() {
+            return Ok(Some(foreign));
+        }
+        foreign += chunk
+            .iter()
+            .filter_map(|(_, c)| writer_of(c))
+            .filter(|w| Some(*w) != own)
+            .count() as u64;
+    }
 }
 
 /// Opens a changelog reader, retrying while the changelog is unavailable (missing topic,

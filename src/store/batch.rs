@@ -18,7 +18,7 @@
 //! not assume anything about what the store held, so a stale stored timer is still deleted
 //! by its cancel.
 
-use super::changelog::{Writes, META_CHANGELOG_DIRTY};
+use super::changelog::Writes;
 use super::error::Error;
 use super::keys::{
     self, CF_META, CF_OUTBOX, CF_SESSIONS, CF_TENANTS, CF_TIMERS, META_OFFSET, META_OPEN_ROUNDS,
@@ -231,10 +231,7 @@ impl<'s> Batch<'s> {
         if floor != meta.timer_floor {
             w.put(CF_META, META_TIMER_FLOOR, &floor);
         }
-        let mark_dirty = self.state.recording && !self.state.changelog_dirty;
-        if mark_dirty {
-            w.put_local(META_CHANGELOG_DIRTY, &1u64.to_be_bytes());
-        }
+        let stamp = self.state.stamp(&mut w);
 
         if self.state.fail_commits > 0 {
             self.state.fail_commits -= 1;
@@ -252,7 +249,7 @@ impl<'s> Batch<'s> {
             }
         }
         state.changes.append(&mut recorded);
-        state.changelog_dirty |= mark_dirty;
+        state.stamped(stamp);
         let meta = &mut state.meta;
         meta.next_seq = next_seq;
         meta.outbox_len = outbox_len;

@@ -3,32 +3,42 @@
 //! [`Change`], which the runtime appends to the changelog topic (same partition number as
 //! the input partition, key = [`changelog_key`], value = the stored bytes, tombstone for a
 //! delete). A new owner replays those records into an empty or stale store
-//! ([`PartitionStore::restore`](super::PartitionStore::restore)) and so resumes with the same
-//! sessions, timers, outbox and input offset.
+//! ([`PartitionStore::restore`](super::PartitionStore::restore)), rebuilds the timers from
+//! the sessions ([`PartitionStore::rebuild_timers`](super::PartitionStore::rebuild_timers))
+//! and so resumes with the same sessions, timers, outbox and input offset.
+//!
+//! Timers are not recorded: each is a function of its session's state
+//! (`engine::Engine::next_due`), and leaving them out halves the records per upload (an
+//! upload usually moves its session's timer: one delete and one put).
 //!
 //! # Key
 //!
-//! `column family name ‖ 0x00 ‖ store key`: `sessions\0acme/run-7`, `timers\0<due><key>`,
-//! `outbox\0<seq>`, `meta\0offset`. Column family names are ASCII without `0x00`, so the first
+//! `column family name ‖ 0x00 ‖ store key`: `sessions\0acme/run-7`, `outbox\0<seq>`,
+//! `tenants\0acme`, `meta\0offset`. Column family names are ASCII without `0x00`, so the first
 //! `0x00` splits the two. Compaction keeps the last value of each store key, which is what a
 //! restore needs.
 //!
 //! # Order inside one store write
 //!
-//! Outbox entries first, then sessions and timers, then `meta` (offset, partition time,
-//! counters) last. A changelog cut inside one write (the old owner died while producing it)
+//! Outbox entries first, then sessions, then `meta` (offset, partition time, counters, and
+//! `writer`: the id of the store that wrote it) last. A changelog cut inside one write (the old owner died while producing it)
 //! therefore holds an owed emission before the state that says it was emitted, and never an
 //! input offset past state that is missing: the restored store re-applies the rest of that
 //! input (at least once; the emission keeps its id).
 //!
 //! # What is local only
 //!
-//! Two `meta` keys are never recorded: `changelog_next` (the checkpoint: the changelog offset
-//! a restore continues from; every record below it is in this store) and `changelog_dirty`
-//! (1 while this store holds writes that are not known to be in the changelog). A store that
-//! is clean at checkpoint `c` equals the changelog's records below `c`, so a restore from `c`
-//! is exact; a dirty store (the process died before the changelog acknowledged its last
-//! writes) is wiped and restored from the start (see `runtime::restore`).
+//! The `timers` column family, and these `meta` keys: `timer_floor` (derived from the
+//! timers), `changelog_next` (the checkpoint: the changelog offset a restore continues from;
+//! every record below it is in this store), `changelog_dirty` (1 while this store holds
+//! writes that are not known to be in the changelog) and `writer_id` (a random id of this
+//! store's lineage, regenerated when the store is wiped, sent as `meta\0writer` with every
+//! write). A store that is clean at checkpoint `c` equals the changelog's records below `c`,
+//! so a restore from `c` is exact. A dirty store (the process died before the changelog
+//! acknowledged its last writes) is kept when every changelog record from `c` on was written
+//! by itself (the changelog holds a prefix of its history: its state is written to the
+//! changelog again as a snapshot), and wiped and restored when another writer appended since
+//! (see `runtime::restore`).
 
 use super::error::Error;
 use super::keys::{printable, CF_META, COLUMN_FAMILIES};
@@ -47,6 +57,10 @@ pub struct Change {
 pub(crate) const META_CHANGELOG_NEXT: &[u8] = b"changelog_next";
 /// `meta` key of the dirty flag (local only): 8 bytes BE, 1 = writes not yet in the changelog.
 pub(crate) const META_CHANGELOG_DIRTY: &[u8] = b"changelog_dirty";
+/// `meta` key of this store lineage's writer id (local only): 8 bytes BE.
+pub(crate) const META_WRITER_ID: &[u8] = b"writer_id";
+/// `meta` key recorded with every write: the writer id of the store that wrote it, 8 bytes BE.
+pub const META_WRITER: &[u8] = b"writer";
 
 /// The changelog key of store key `key` in column family `cf`.
 pub fn changelog_key(cf: &str, key: &[u8]) -> Vec<u8> {
@@ -90,7 +104,28 @@ pub fn split_changelog_key(key: &[u8]) -> Result<(&'static str, &[u8]), Error> {
 
 /// True for the `meta` keys that stay in the local store.
 pub(crate) fn is_local_meta(key: &[u8]) -> bool {
-    key == META_CHANGELOG_NEXT || key == META_CHANGELOG_DIRTY
+    key == META_CHANGELOG_NEXT
+        || key == META_CHANGELOG_DIRTY
+        || key == META_WRITER_ID
+        || key == super::keys::META_TIMER_FLOOR
+}
+
+/// True for the writes that are not recorded (module docs: timers and local `meta` keys).
+pub(crate) fn is_local(cf: &str, key: &[u8]) -> bool {
+    cf == super::keys::CF_TIMERS || (cf == CF_META && is_local_meta(key))
+}
+
+/// The writer id in a changelog record of key `meta\0writer`, if `change` is one.
+pub fn writer_of(change: &Change) -> Option<u64> {
+    let rest = change
+        .key
+        .strip_prefix(CF_META.as_bytes())?
+        .strip_prefix(&[0])?;
+    if rest != META_WRITER {
+        return None;
+    }
+    let bytes: [u8; 8] = change.value.as_deref()?.try_into().ok()?;
+    Some(u64::from_be_bytes(bytes))
 }
 
 /// A RocksDB write batch that also records each write as a [`Change`] when `changes` is
@@ -111,9 +146,13 @@ impl<'a> Writes<'a> {
         }
     }
 
-    /// Puts `value` under `key` in column family `cf` (recorded).
+    /// Puts `value` under `key` in column family `cf` (recorded unless local, see the
+    /// module docs).
     pub(crate) fn put(&mut self, cf: &str, key: &[u8], value: &[u8]) {
         self.wb.put_cf(super::cf(self.db, cf), key, value);
+        if is_local(cf, key) {
+            return;
+        }
         if let Some(c) = self.changes.as_deref_mut() {
             c.push(Change {
                 key: changelog_key(cf, key),
@@ -122,9 +161,12 @@ impl<'a> Writes<'a> {
         }
     }
 
-    /// Deletes `key` in column family `cf` (recorded as a tombstone).
+    /// Deletes `key` in column family `cf` (recorded as a tombstone unless local).
     pub(crate) fn delete(&mut self, cf: &str, key: &[u8]) {
         self.wb.delete_cf(super::cf(self.db, cf), key);
+        if is_local(cf, key) {
+            return;
+        }
         if let Some(c) = self.changes.as_deref_mut() {
             c.push(Change {
                 key: changelog_key(cf, key),
@@ -137,6 +179,11 @@ impl<'a> Writes<'a> {
     pub(crate) fn put_local(&mut self, key: &[u8], value: &[u8]) {
         debug_assert!(is_local_meta(key));
         self.wb.put_cf(super::cf(self.db, CF_META), key, value);
+    }
+
+    /// True when the writes are recorded.
+    pub(crate) fn recording(&self) -> bool {
+        self.changes.is_some()
     }
 
     /// Writes the batch with `opts`. Errors: [`Error::Write`].

@@ -118,8 +118,55 @@ pub(crate) struct StoreState {
     changelog_dirty: bool,
     /// Local-only `changelog_next`, mirrored.
     changelog_next: Option<i64>,
+    /// Local-only `writer_id`, mirrored (`None`: not chosen yet; chosen at the first
+    /// recorded write).
+    writer_id: Option<u64>,
     /// The committed `tenants` entries by `last_seen` (the eviction order).
     tenants: TenantAges,
+}
+
+/// What [`StoreState::stamp`] added to a write, applied to the state once it is stored.
+pub(crate) struct Stamp {
+    mark_dirty: bool,
+    new_writer: Option<u64>,
+}
+
+impl StoreState {
+    /// When the write is recorded: adds `meta\0writer` (this store's writer id, chosen now
+    /// if it has none) and, if the store was clean, the local dirty flag.
+    pub(crate) fn stamp(&self, w: &mut changelog::Writes<'_>) -> Stamp {
+        if !w.recording() {
+            return Stamp {
+                mark_dirty: false,
+                new_writer: None,
+            };
+        }
+        let new_writer = match self.writer_id {
+            Some(_) => None,
+            None => Some(rand::random::<u64>() | 1),
+        };
+        let id = self.writer_id.or(new_writer).unwrap_or(1);
+        if let Some(n) = new_writer {
+            w.put_local(changelog::META_WRITER_ID, &n.to_be_bytes());
+        }
+        w.put(CF_META, changelog::META_WRITER, &id.to_be_bytes());
+        let mark_dirty = !self.changelog_dirty;
+        if mark_dirty {
+            w.put_local(changelog::META_CHANGELOG_DIRTY, &1u64.to_be_bytes());
+        }
+        Stamp {
+            mark_dirty,
+            new_writer,
+        }
+    }
+
+    /// Applies `stamp` after its write was stored.
+    pub(crate) fn stamped(&mut self, stamp: Stamp) {
+        self.changelog_dirty |= stamp.mark_dirty;
+        if stamp.new_writer.is_some() {
+            self.writer_id = stamp.new_writer;
+        }
+    }
 }
 
 /// The RocksDB store of one partition (see the module docs for layout and invariants).
@@ -224,6 +271,7 @@ impl PartitionStore {
                 changes: Vec::new(),
                 changelog_dirty: false,
                 changelog_next: None,
+                writer_id: None,
                 tenants: TenantAges::new(),
             },
         };
@@ -248,6 +296,7 @@ impl PartitionStore {
         store.state.meta = meta;
         store.state.changelog_dirty = store.meta_u64(changelog::META_CHANGELOG_DIRTY)? == Some(1);
         store.state.changelog_next = as_i64(store.meta_u64(changelog::META_CHANGELOG_NEXT)?);
+        store.state.writer_id = store.meta_u64(changelog::META_WRITER_ID)?;
         let mut tenants = TenantAges::new();
         for (name, stats) in store.tenants()? {
             tenants.touch(&name, stats.last_seen);
@@ -463,13 +512,10 @@ impl PartitionStore {
         }
         w.put(CF_META, META_OUTBOX_LEN, &len.to_be_bytes());
         w.put(CF_META, META_OUTBOX_HEAD, &head.to_be_bytes());
-        let mark_dirty = state.recording && !state.changelog_dirty;
-        if mark_dirty {
-            w.put_local(changelog::META_CHANGELOG_DIRTY, &1u64.to_be_bytes());
-        }
+        let stamp = state.stamp(&mut w);
         w.write(&state.write_opts)?;
         state.changes.append(&mut recorded);
-        state.changelog_dirty |= mark_dirty;
+        state.stamped(stamp);
         state.meta.outbox_len = len;
         state.meta.outbox_head = head;
         Ok(deleted)
@@ -607,7 +653,7 @@ impl PartitionStore {
             let mut it = self.db.raw_iterator_cf(cf(&self.db, name));
             it.seek_to_first();
             while let (Some(k), Some(v)) = (it.key(), it.value()) {
-                if !(name == CF_META && changelog::is_local_meta(k)) {
+                if !changelog::is_local(name, k) {
                     out.push(Change {
                         key: changelog_key(name, k),
                         value: Some(v.to_vec()),
@@ -619,6 +665,64 @@ impl PartitionStore {
                 .map_err(|source| Error::Read { cf: name, source })?;
         }
         Ok(out)
+    }
+
+    /// This store lineage's writer id (sent as `meta\0writer` with every recorded write;
+    /// `None` until the first one). A wiped store gets a new one.
+    pub fn writer_id(&self) -> Option<u64> {
+        self.state.writer_id
+    }
+
+    /// Rebuilds the `timers` column family from the sessions (timers are not on the
+    /// changelog, see [`changelog`]): deletes every timer, then sets one timer per key with
+    /// state at `next_due(key, state)` (ms; `engine::Engine::next_due`), and the timer floor.
+    /// Writes in chunks of 10 000 keys. Returns the number of timers set.
+    ///
+    /// Errors: [`Error::Read`], [`Error::Corrupt`] (a session value that does not decode),
+    /// [`Error::Write`].
+    pub fn rebuild_timers(
+        &mut self,
+        next_due: impl Fn(&SessionKey, &SessionState) -> Millis,
+    ) -> Result<u64, Error> {
+        let timers = cf(&self.db, CF_TIMERS);
+        let mut wb = WriteBatch::default();
+        wb.delete_range_cf(timers, &[][..], &keys::TIMER_FLOOR_END[..]);
+        let mut first: Option<Vec<u8>> = None;
+        let mut set = 0u64;
+        let mut it = self.db.raw_iterator_cf(cf(&self.db, keys::CF_SESSIONS));
+        it.seek_to_first();
+        while let (Some(k), Some(v)) = (it.key(), it.value()) {
+            let key = keys::decode_session_key(k).map_err(|reason| Error::Corrupt {
+                cf: keys::CF_SESSIONS,
+                key: keys::printable(k),
+                reason,
+            })?;
+            let state = keys::decode_state(k, v)?;
+            let timer = keys::timer_key(next_due(&key, &state), &key);
+            if first.as_ref().is_none_or(|f| timer < *f) {
+                first = Some(timer.clone());
+            }
+            wb.put_cf(timers, timer, []);
+            set += 1;
+            if set % 10_000 == 0 {
+                self.db
+                    .write_opt(std::mem::take(&mut wb), &self.state.write_opts)
+                    .map_err(Error::Write)?;
+            }
+            it.next();
+        }
+        it.status().map_err(|source| Error::Read {
+            cf: keys::CF_SESSIONS,
+            source,
+        })?;
+        drop(it);
+        let floor = first.unwrap_or_else(|| keys::TIMER_FLOOR_END.to_vec());
+        wb.put_cf(cf(&self.db, CF_META), META_TIMER_FLOOR, &floor);
+        self.db
+            .write_opt(wb, &self.state.write_opts)
+            .map_err(Error::Write)?;
+        self.state.meta.timer_floor = floor;
+        Ok(set)
     }
 
     /// Deletes the store at `path` (all its files; nothing if it does not exist). The store
