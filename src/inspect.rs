@@ -78,6 +78,11 @@ pub struct PartitionInfo {
     pub pending_rounds: u64,
     /// Owed emissions.
     pub outbox_len: u64,
+    /// Changelog checkpoint: the changelog offset a restore continues from (`None`: never
+    /// synced with a changelog).
+    pub changelog_checkpoint: Option<i64>,
+    /// The store holds writes not known to be in the changelog.
+    pub changelog_dirty: bool,
     /// First timers `(due ms, key)` in firing order.
     pub next_due: Vec<(Millis, SessionKey)>,
     /// For each of `next_due`: true when it is an open round's due time, false when it is
@@ -163,6 +168,8 @@ pub fn partition_info(
         sessions: store.session_count(),
         pending_rounds: store.pending_rounds(),
         outbox_len: store.outbox_len(),
+        changelog_checkpoint: store.changelog_checkpoint(),
+        changelog_dirty: store.changelog_dirty(),
         next_due_is_round: next_due
             .iter()
             .map(|(_, key)| Ok(store.session(key)?.is_some_and(|st| st.round.is_some())))
@@ -383,6 +390,18 @@ fn print_partition(i: &PartitionInfo, out: &mut impl Write) -> std::io::Result<(
     writeln!(out, "  sessions        {}", i.sessions)?;
     writeln!(out, "  pending rounds  {}", i.pending_rounds)?;
     writeln!(out, "  outbox          {} owed emission(s)", i.outbox_len)?;
+    writeln!(
+        out,
+        "  changelog       {}",
+        match (i.changelog_checkpoint, i.changelog_dirty) {
+            (None, false) => "- (never synced with a changelog)".to_owned(),
+            (None, true) => "writes not yet in the changelog, no checkpoint".to_owned(),
+            (Some(c), false) => format!("in sync up to offset {c}"),
+            (Some(c), true) => {
+                format!("checkpoint {c}, later writes not yet acknowledged by the changelog")
+            }
+        }
+    )?;
     writeln!(
         out,
         "  tenants         {} with learned delays",

@@ -176,6 +176,17 @@ async fn a_dirty_store_is_kept_unless_another_writer_appended_and_a_clean_restar
         );
         assert_eq!(store.changelog_checkpoint(), Some(logged as i64));
     }
+    let mut shown = Vec::new();
+    settle::inspect::run(
+        settle::inspect::InspectArgs::new(dir.path().to_path_buf()),
+        &mut shown,
+    )
+    .unwrap();
+    let shown = String::from_utf8(shown).unwrap();
+    assert!(
+        shown.contains(&format!("changelog       in sync up to offset {logged}")),
+        "{shown}"
+    );
 
     // A clean restart reads nothing new from the changelog and keeps its store.
     let run = start_member(&f, "a", dir.path(), &[0]);
