@@ -255,3 +255,43 @@ fn dirty_write(dir: &Path, session: &str) {
 fn open(dir: &Path) -> PartitionStore {
     PartitionStore::open(&partition_path(dir, TOPIC, 0), &StoreOptions::default()).unwrap()
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_process_paused_longer_than_its_lease_fences_every_partition_and_stops() {
+    let f = fixture(2, PolicySpec::fixed(DELAY));
+    f.broker.enable_changelog();
+    let dir = tempfile::tempdir().unwrap();
+    produce_sessions(&f, 12, "p");
+    let mut opts = options(dir.path());
+    opts.lease = Some(std::time::Duration::from_secs(30));
+    let runtime = Runtime::new(f.engine.clone(), f.broker.sink(), f.clock, opts).unwrap();
+    let liveness = runtime.liveness().expect("a lease was set");
+    let status = runtime.status();
+    let task =
+        tokio::spawn(runtime.run(f.broker.source_with("a", &[0, 1]), CancellationToken::new()));
+    // Every round fired while the sink is down: 12 emissions owed.
+    f.broker.set_sink_available(false);
+    status
+        .wait_for(|m| all(m, 2, |_| true) && m.values().map(|s| s.outbox_len).sum::<u64>() == 12)
+        .await;
+    let logged_before = f.broker.changelog_records(0).len() + f.broker.changelog_records(1).len();
+
+    // The process "was stopped for a minute" (longer than the 30 s lease: the group may have
+    // given its partitions away), and the sink is reachable again: nothing may go out.
+    liveness.simulate_pause(std::time::Duration::from_secs(60));
+    f.broker.set_sink_available(true);
+    let result = task.await.unwrap();
+    assert!(
+        matches!(result, Err(settle::runtime::Error::Paused { .. })),
+        "{result:?}"
+    );
+    assert!(
+        f.broker.output().is_empty(),
+        "a fenced process publishes nothing"
+    );
+    let logged_after = f.broker.changelog_records(0).len() + f.broker.changelog_records(1).len();
+    assert_eq!(
+        logged_after, logged_before,
+        "and appends nothing to the changelog"
+    );
+}

@@ -38,6 +38,7 @@
 //! before the source is told they are done.
 
 pub mod clock;
+pub mod lease;
 pub mod lookup;
 pub mod pacer;
 pub mod partition;
@@ -94,6 +95,10 @@ pub struct RuntimeOptions {
     pub shutdown_deadline: Duration,
     /// Most publishes in flight per partition (≥ 1).
     pub publish_window: usize,
+    /// Liveness lease (`runtime::lease`): a process paused longer than this fences every
+    /// partition and stops with [`Error::Paused`]. `None`: no lease (static ownership).
+    /// `settle run` on Kafka sets two thirds of `session.timeout.ms`.
+    pub lease: Option<Duration>,
 }
 
 impl RuntimeOptions {
@@ -110,6 +115,7 @@ impl RuntimeOptions {
             catch_up_rate: r.catch_up_rate,
             shutdown_deadline: r.shutdown_deadline,
             publish_window: 256,
+            lease: None,
         }
     }
 
@@ -156,6 +162,18 @@ pub enum Error {
     /// `RuntimeOptions::tiers` is invalid (the message names the `tiers.` key).
     #[error("{0}")]
     Tiers(#[from] crate::tiers::ConfigError),
+    /// The process was paused longer than its liveness lease: its partitions may belong to
+    /// another instance now; every partition was fenced and stopped (`runtime::lease`).
+    #[error("the process was paused for {paused:?}, longer than its {lease:?} lease: every partition was fenced and stopped (restart it; the group reassigns the partitions)")]
+    Paused {
+        /// How long the pause was.
+        paused: Duration,
+        /// The lease.
+        lease: Duration,
+    },
+    /// The liveness thread could not be started.
+    #[error("cannot start the liveness thread: {0}")]
+    Liveness(String),
 }
 
 struct Running {
@@ -168,6 +186,8 @@ struct Running {
 /// [`Runtime::run`] drives a source until shutdown.
 pub struct Runtime<K, C> {
     ctx: PartitionContext<K, C>,
+    /// The liveness lease, started with the runtime when `RuntimeOptions::lease` is set.
+    liveness: Option<lease::Liveness>,
     options: RuntimeOptions,
     budget: MemoryBudget,
     /// Receiving end of the publishers' tier changes, for the tier-events task.
@@ -183,7 +203,13 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
         let budget = MemoryBudget::new(&options.store);
         let router = SharedRouter::new(Router::new(&options.tiers)?);
         let (tiers, tier_changes) = TierRouting::new(router);
+        let liveness = options
+            .lease
+            .map(lease::Liveness::start)
+            .transpose()
+            .map_err(|e| Error::Liveness(e.to_string()))?;
         Ok(Runtime {
+            liveness,
             ctx: PartitionContext {
                 engine,
                 sink,
@@ -220,6 +246,11 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
     /// admin endpoint `GET /v1/sessions/{tenant}/{session}`.
     pub fn sessions(&self) -> SessionLookup {
         self.ctx.sessions.clone()
+    }
+
+    /// The liveness lease, if the options set one (for crash drills: clone it before `run`).
+    pub fn liveness(&self) -> Option<lease::Liveness> {
+        self.liveness.clone()
     }
 
     /// The wall clock the runtime reads.
@@ -264,11 +295,22 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
         let mut backoff = Backoff::new(Duration::from_secs(5));
         let mut source_warn = throttle::LogThrottle::default();
         let mut source_open = true;
+        let liveness = self.liveness.clone();
         let result = loop {
             let event = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break Ok(()),
-                ev = source.next_event(), if source_open => ev,
+                () = expired(&liveness) => {
+                    let paused = liveness.as_ref().and_then(lease::Liveness::paused_for).unwrap_or_default();
+                    let lease = self.options.lease.unwrap_or_default();
+                    tracing::error!(
+                        paused_ms = paused.as_millis() as u64,
+                        lease_ms = lease.as_millis() as u64,
+                        "the process was paused longer than its lease: its partitions may belong to another instance now; every partition is fenced, stopping"
+                    );
+                    break Err(Error::Paused { paused, lease });
+                }
+                ev = source.next_event(), if source_open => ev.map_err(Error::from),
             };
             match event {
                 Ok(Some(SourceEvent::Assigned(inputs))) => {
@@ -314,7 +356,7 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
                     tracing::info!("source ended; running until shutdown");
                     source_open = false;
                 }
-                Err(e) if e.is_retryable() => {
+                Err(Error::Source(e)) if e.is_retryable() => {
                     match source_warn.allow() {
                         Some(suppressed) => {
                             tracing::warn!(error = %e, suppressed, "source unavailable; retrying (logged at most every 10 s)")
@@ -341,13 +383,16 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
         if tokio::time::timeout_at(deadline, tiers_task).await.is_err() {
             abort.abort();
         }
-        result.map(|()| summary).map_err(Error::from)
+        if let Some(l) = &self.liveness {
+            l.stop();
+        }
+        result.map(|()| summary)
     }
 
     fn spawn<I: PartitionInput>(&self, input: I) -> Running {
         let cancel = CancellationToken::new();
         let partition = input.partition();
-        let fence = Fence::new(partition);
+        let fence = Fence::with_liveness(partition, self.liveness.clone());
         let task_fence = fence.clone();
         let path = store::partition_path(&self.options.data_dir, input.topic(), partition);
         let span = tracing::info_span!("partition", topic = input.topic(), partition);
@@ -439,6 +484,14 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
             exits.push((p, exit));
         }
         exits
+    }
+}
+
+/// Resolves when `liveness` expires; never without one.
+async fn expired(liveness: &Option<lease::Liveness>) {
+    match liveness {
+        Some(l) => l.expired().await,
+        None => std::future::pending().await,
     }
 }
 

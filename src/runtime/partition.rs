@@ -824,6 +824,10 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
         let Some(next) = self.uncommitted.take() else {
             return;
         };
+        if !self.fence.owned() {
+            // Another member may own the partition already: its offsets are not ours to move.
+            return;
+        }
         self.committed_at = Instant::now();
         match self.input.commit(next).await {
             Ok(()) => {

@@ -54,6 +54,9 @@ use tokio::sync::mpsc;
 pub struct Fence {
     partition: i32,
     owned: Arc<AtomicBool>,
+    /// The process's liveness lease, if the runtime has one (`runtime::lease`): a process
+    /// paused longer than it owns nothing any more.
+    liveness: Option<super::lease::Liveness>,
 }
 
 impl Fence {
@@ -62,6 +65,15 @@ impl Fence {
         Fence {
             partition,
             owned: Arc::new(AtomicBool::new(true)),
+            liveness: None,
+        }
+    }
+
+    /// An owned partition's fence that also falls when `liveness` expires.
+    pub fn with_liveness(partition: i32, liveness: Option<super::lease::Liveness>) -> Self {
+        Fence {
+            liveness,
+            ..Fence::new(partition)
         }
     }
 
@@ -70,9 +82,9 @@ impl Fence {
         self.partition
     }
 
-    /// True while the partition is owned.
+    /// True while the partition is owned (and the process's liveness lease holds).
     pub fn owned(&self) -> bool {
-        self.owned.load(Ordering::Acquire)
+        self.owned.load(Ordering::Acquire) && self.liveness.as_ref().is_none_or(|l| l.fresh())
     }
 
     /// Fences the partition: nothing more is published or appended for it by this process.

@@ -251,6 +251,18 @@ impl KafkaConfig {
         format!("{host}-{}", std::process::id())
     }
 
+    /// The liveness lease of `settle run` (`runtime::lease`): two thirds of the consumer's
+    /// `session.timeout.ms` (`[kafka.properties]`, librdkafka's default 45 000 ms), at least
+    /// 1 s. A process paused longer than this may have been evicted from the group.
+    pub fn lease(&self) -> Duration {
+        let session_ms: u64 = self
+            .properties
+            .get("session.timeout.ms")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(45_000);
+        Duration::from_millis((session_ms * 2 / 3).max(1_000))
+    }
+
     /// The changelog topic: `changelog-topic`, else `<group-id>.changelog`; `None` when
     /// `changelog-topic` is `""` (off).
     pub fn changelog(&self) -> Option<String> {
@@ -1595,6 +1607,7 @@ pub async fn run_until(
     warn_missing_topics(kafka, wanted).await;
     let mut options = RuntimeOptions::from_config(config);
     options.tiers = tiers.clone();
+    options.lease = Some(kafka.lease());
     let runtime = Runtime::new(
         Engine::new(config.policy_table()),
         sink,

@@ -166,7 +166,7 @@ impl KafkaChangelog {
                 return Err(Error::Unavailable {
                     transport: TRANSPORT,
                     reason: format!(
-                        "changelog topic {topic} has {partitions} partitions, partition {partition} is needed: create it with the input topic's partition count (scripts/kafka.sh up does)"
+                        "changelog topic {topic} has {partitions} partitions, partition {partition} is needed: create it, compacted, with the input topic's partition count N (on tansu: scripts/kafka.sh create-topics {topic}:N:compact)"
                     ),
                 });
             }

@@ -251,8 +251,14 @@ fn delivered(
 }
 
 fn fatal(e: &KafkaError) -> Error {
+    let text = e.to_string();
+    let hint = if text.contains("not supported by broker") {
+        " (this broker has no Kafka transactions; tansu 0.6 has none: set kafka.processing-guarantee = \"at-least-once\")"
+    } else {
+        ""
+    };
     Error::Fatal {
         transport: TRANSPORT,
-        reason: format!("transaction: {e}"),
+        reason: format!("transaction: {text}{hint}"),
     }
 }
