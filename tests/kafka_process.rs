@@ -74,24 +74,7 @@ fn kafka_loadgen_run_sigkill_restart_sigterm() -> Result<()> {
 
     // settle run, then live traffic: ~12 s of the mixed scenarios over 4 tenants.
     let mut first = start_run(&config_path, &[])?;
-    let mut gen = settle()
-        .args(["loadgen", "--bootstrap-servers", &bootstrap, "--topic"])
-        .arg(&kafka.input_topic)
-        .args([
-            "--scenario",
-            "mix",
-            "--rate",
-            "300",
-            "--duration",
-            "12s",
-            "--tenants",
-            "4",
-            "--burst-machines",
-            "40",
-            "--seed",
-            "5",
-            "--no-progress",
-        ])
+    let mut gen = process_support::kafka_loadgen(&bootstrap, &kafka.input_topic, "12s", "4", "5")
         .spawn()
         .context("spawn settle loadgen")?;
 

@@ -61,8 +61,8 @@ use kafka_support::{
     trace_of, ReadyOut,
 };
 use process_support::{
-    json_log, send_sigterm, settle, start_run_logged, wait_exit, wait_for_rounds_of,
-    wait_sigterm_exit, JsonLog,
+    json_log, send_sigterm, start_run_logged, wait_exit, wait_for_rounds_of, wait_sigterm_exit,
+    JsonLog,
 };
 use settle::config::Config;
 use settle::engine::Emission;
@@ -561,24 +561,7 @@ fn scenario(bootstrap: &str, fleet: &mut Fleet) -> Result<()> {
 
     // a, with the traffic.
     fleet.start("a", &kafka, &output)?;
-    let gen = settle()
-        .args(["loadgen", "--bootstrap-servers", bootstrap, "--topic"])
-        .arg(&kafka.input_topic)
-        .args([
-            "--scenario",
-            "mix",
-            "--rate",
-            "300",
-            "--duration",
-            TRAFFIC,
-            "--tenants",
-            "8",
-            "--burst-machines",
-            "40",
-            "--seed",
-            "11",
-            "--no-progress",
-        ])
+    let gen = process_support::kafka_loadgen(bootstrap, &kafka.input_topic, TRAFFIC, "8", "11")
         .spawn()
         .context("spawn settle loadgen")?;
     fleet.loadgen = Some(gen);

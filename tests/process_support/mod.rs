@@ -361,3 +361,34 @@ topic = "{output}"
         dlq = kafka.dead_letter_topic,
     )
 }
+
+/// `settle loadgen` as the Kafka process tests run it (not spawned): the mixed scenarios at
+/// 300 uploads/s for `duration` over `tenants` tenants, 40 burst machines, seed `seed`, no
+/// progress bar, to `topic` on `bootstrap`.
+pub fn kafka_loadgen(
+    bootstrap: &str,
+    topic: &str,
+    duration: &str,
+    tenants: &str,
+    seed: &str,
+) -> Command {
+    let mut c = settle();
+    c.args([
+        "loadgen",
+        "--bootstrap-servers",
+        bootstrap,
+        "--topic",
+        topic,
+    ])
+    .args(["--scenario", "mix", "--rate", "300", "--duration", duration])
+    .args([
+        "--tenants",
+        tenants,
+        "--burst-machines",
+        "40",
+        "--seed",
+        seed,
+    ])
+    .arg("--no-progress");
+    c
+}
