@@ -16,6 +16,7 @@
 #   KAFKA_BOOTSTRAP       host:port to listen on / probe (default 127.0.0.1:9092)
 #   TANSU_BIN             tansu binary to use (default: 'tansu' on PATH, then ~/.cargo/bin/tansu)
 #   TANSU_VERSION         version 'install' builds (default 0.6.0)
+#   TANSU_FEATURES        features 'install' builds (default dynostore,postgres)
 #   KAFKA_WAIT_TIMEOUT    seconds 'wait' waits (default 60)
 #   SETTLE_SERVICES_DIR   pid file and log folder (default target/services)
 #
@@ -74,7 +75,13 @@ cmd_install() {
     fi
     log "installing tansu $TANSU_VERSION from crates.io (compiles ~400 crates: 10 minutes or more on 2 cores, far longer on a busy machine)"
     t0=$(date +%s)
-    cargo install tansu --locked --version "$TANSU_VERSION" --features dynostore ||
+    # A broker for tests needs no LTO, no debug info and no single codegen unit: these
+    # profile overrides (cargo config, which wins over the crate's own [profile.release])
+    # roughly halve the install on 2 cores. `postgres` gives tansu a persistent storage
+    # engine (the broker-restart test keeps its log in the local PostgreSQL).
+    CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
+        CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_INCREMENTAL=false \
+        cargo install tansu --locked --version "$TANSU_VERSION" --features "${TANSU_FEATURES:-dynostore,postgres}" ||
         die "cargo install tansu failed (needs network access to crates.io and a C toolchain: scripts/setup.sh)"
     bin="$(find_tansu)" || die "cargo install finished but no tansu binary found on PATH or in ${CARGO_HOME:-$HOME/.cargo}/bin"
     log "tansu installed in $(fmt_secs "$(seconds_since "$t0")"): $bin"
