@@ -1,6 +1,12 @@
 //! `Config::load`: file, environment (`SETTLE_…`) and their precedence, and the shipped
 //! `config/settle.toml`. Environment tests run inside `figment::Jail`, which serializes them
 //! and restores the environment afterwards.
+//!
+//! Its own test binary, apart from `tests/offline/` and `tests/e2e/`: `Config::load` reads
+//! the process environment, so these tests set (and `Jail` clears) variables of the whole
+//! process and change its working directory, which tests running beside them in one process
+//! would see (a broker test losing `SETTLE_TEST_KAFKA`, a child spawned with an empty
+//! environment, C code reading the environment while it changes).
 
 use figment::Jail;
 use settle::config::{Config, ConfigError, Transport};

@@ -8,8 +8,8 @@
 //! `SETTLE_TEST_KAFKA=host:port` runs it (scripts/test.sh sets it); unset, it prints that it
 //! did not run (under CI, `CI` set, it fails).
 
-mod admin_support;
-mod kafka_support;
+use crate::admin_support;
+use crate::kafka_support;
 
 use admin_support::{try_get, Scrape};
 use anyhow::{ensure, Result};

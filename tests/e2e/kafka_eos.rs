@@ -17,8 +17,8 @@
 //! they would be visible duplicates, and that the committed records hold every round
 //! exactly once.
 
-mod kafka_support;
-mod process_support;
+use crate::kafka_support;
+use crate::process_support;
 
 use anyhow::{ensure, Context as _, Result};
 use kafka_support::ready_records;

@@ -17,8 +17,8 @@
 //! `SETTLE_TEST_KAFKA=host:port` runs them (scripts/test.sh sets it); unset, they print that
 //! they did not run (under CI, `CI` set, they fail). Set and no broker: they fail. `SETTLE_LOG` filters the log output.
 
-mod kafka_support;
-mod running_support;
+use crate::kafka_support;
+use crate::running_support;
 
 use anyhow::{ensure, Context as _, Result};
 use kafka_support::{broker, by_id, emitted, now_ms, reference, same_emissions, trace_of};
@@ -593,7 +593,7 @@ async fn kafka_loadgen_trace_is_what_the_topic_holds() -> Result<()> {
 }
 
 /// Throughput and lateness, printed (not asserted: STYLE §10). Run with
-/// `SETTLE_TEST_KAFKA=127.0.0.1:9092 cargo test --release --test kafka_pipeline -- --ignored --nocapture kafka_measure`
+/// `SETTLE_TEST_KAFKA=127.0.0.1:9092 cargo test --release --test e2e -- --ignored --nocapture kafka_pipeline::kafka_measure`
 /// (`SETTLE_MEASURE_UPLOADS`, default 200 000; `SETTLE_MEASURE_RATE`, default 2 000/s for 30 s;
 /// `SETTLE_MEASURE_PROPS="k=v,k=v"`: extra librdkafka properties for settle's clients).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,8 +19,8 @@
 //! `SETTLE_TEST_KAFKA=host:port` runs it (scripts/test.sh sets it); under CI a missing
 //! broker is a failure.
 
-mod kafka_support;
-mod process_support;
+use crate::kafka_support;
+use crate::process_support;
 
 use anyhow::{ensure, Context as _, Result};
 use kafka_support::{broker, by_id, emitted, fresh_topics, reference, same_emissions, trace_of};

@@ -52,8 +52,8 @@
 //! the group protocol). On failure (or with `SETTLE_TEST_KEEP_LOGS` set) the instances' logs
 //! and configs are kept and their path printed.
 
-mod kafka_support;
-mod process_support;
+use crate::kafka_support;
+use crate::process_support;
 
 use anyhow::{ensure, Context as _, Result};
 use kafka_support::{

@@ -7,7 +7,7 @@
 //! they did not run, except under CI (`CI` set), where that is a failure. Set and no broker:
 //! they fail.
 
-mod kafka_support;
+use crate::kafka_support;
 
 use anyhow::{bail, ensure, Context as _, Result};
 use kafka_support::broker;

@@ -19,9 +19,8 @@
 //! with no server there they fail under CI and say they did not run elsewhere. Test 3 also
 //! needs the `nats-server` binary. `SETTLE_LOG` filters the log output.
 
-mod kafka_support;
-mod nats_support;
-mod running_support;
+use crate::kafka_support;
+use crate::nats_support;
 
 use anyhow::{ensure, Context as _, Result};
 use kafka_support::{by_id, reference, same_emissions};

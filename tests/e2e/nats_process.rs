@@ -21,10 +21,9 @@
 //! Uses the server of `SETTLE_TEST_NATS`, else 127.0.0.1:4222; under CI a missing server is
 //! a failure. `SETTLE_TEST_RUN_LOG` is the `SETTLE_LOG` of the settle processes (`warn`).
 
-mod kafka_support;
-mod nats_support;
-mod process_support;
-mod running_support;
+use crate::kafka_support;
+use crate::nats_support;
+use crate::process_support;
 
 use anyhow::{ensure, Context as _, Result};
 use kafka_support::{by_id, reference, same_emissions};

@@ -8,7 +8,7 @@
 //! 127.0.0.1:9092). Unset: the test says loudly that it did not run, except under CI (`CI`
 //! set), where that is a failure.
 
-mod kafka_support;
+use crate::kafka_support;
 
 use anyhow::{ensure, Context as _, Result};
 use kafka_support::{broker, now_ms};

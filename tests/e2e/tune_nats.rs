@@ -6,9 +6,7 @@
 //! The server is `SETTLE_TEST_NATS` (scripts/test.sh sets it) or 127.0.0.1:4222; with no
 //! server there the test fails under CI (`CI` set) and says it did not run elsewhere.
 
-mod kafka_support;
-mod nats_support;
-mod running_support;
+use crate::nats_support;
 
 use anyhow::{ensure, Result};
 use nats_support::{server, Setup, STEP};

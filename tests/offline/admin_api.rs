@@ -4,8 +4,8 @@
 //! endpoint is exercised, including 404s and bad path segments; the Grafana dashboard and the
 //! deploy files are checked against the registry and the admin config.
 
-mod admin_support;
-mod runtime_support;
+use crate::admin_support;
+use crate::runtime_support;
 
 use admin_support::{get, get_json, Scrape};
 use runtime_support::*;

@@ -2,7 +2,7 @@
 //! time): the runtime emits exactly what the in-memory reference emits, the learned delay
 //! is in the partition store, and `settle inspect` shows it.
 
-mod runtime_support;
+use crate::runtime_support;
 
 use runtime_support::*;
 use settle::engine::{Millis, PolicySpec, SessionKey, Upload};

@@ -4,7 +4,7 @@
 //! is kept unless another writer appended to the changelog (then wiped and restored); a clean
 //! restart reads nothing.
 
-mod runtime_support;
+use crate::runtime_support;
 
 use runtime_support::*;
 use settle::engine::{Driver, Emission, PolicySpec, SessionKey, Upload};

@@ -1,7 +1,7 @@
 //! `settle inspect` on stores written by the real runtime: per-partition figures and one
 //! session's state, read offline.
 
-mod runtime_support;
+use crate::runtime_support;
 
 use runtime_support::*;
 use settle::engine::{PolicySpec, SessionKey};

@@ -4,7 +4,7 @@
 //! exactly once more; a batch that fails to write leaves the stored offset unchanged and
 //! stops the partition (SEMANTICS §6).
 
-mod runtime_support;
+use crate::runtime_support;
 
 use runtime_support::*;
 use settle::engine::{PolicySpec, SessionKey};

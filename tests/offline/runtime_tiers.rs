@@ -4,7 +4,7 @@
 //! and shown in `<data-dir>/tiers.json` and `settle inspect`; the sweep promotes it back when
 //! it goes quiet; a tenant spread over 10 000 sessions is demoted exactly like one over 10.
 
-mod runtime_support;
+use crate::runtime_support;
 
 use runtime_support::*;
 use settle::engine::{Millis, PolicySpec};

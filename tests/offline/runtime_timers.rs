@@ -4,7 +4,7 @@
 //! while the process was down are released at `catch-up-rate`, in due order; a revoked
 //! partition is stopped before the revocation is acknowledged.
 
-mod runtime_support;
+use crate::runtime_support;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

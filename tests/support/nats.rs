@@ -1,7 +1,7 @@
 //! Helpers shared by the NATS integration tests: which server, streams and subjects unique to
 //! one test, settle started in process on them, the input stream read back as a `simulate`
 //! trace and the tier subjects decoded. The reference emissions and the comparison are the
-//! Kafka tests' (`kafka_support`), which every NATS test file also declares.
+//! Kafka tests' (`kafka_support`, declared beside this module in `tests/e2e/main.rs`).
 #![allow(dead_code)]
 
 pub use crate::running_support::Running;

@@ -1,5 +1,5 @@
-//! Helpers of the tests that run `settle` as a real child process (`tests/*_process.rs`,
-//! `tests/kafka_rebalance.rs`): spawning `settle run` (optionally with its JSON log captured
+//! Helpers of the tests that run `settle` as a real child process (`tests/e2e/*_process.rs`,
+//! `tests/e2e/kafka_rebalance.rs`, `tests/e2e/kafka_eos.rs`): spawning `settle run` (optionally with its JSON log captured
 //! to a file, read back by [`json_log`]), waiting for every round, stopping it with SIGTERM.
 #![allow(dead_code)]
 
