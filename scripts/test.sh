@@ -8,16 +8,20 @@
 # -D warnings -> build all test targets -> cargo test --all-targets -> cargo test --doc ->
 # summary -> stop the services this run started. Exit status non-zero when any step failed.
 #
-# The integration tests find the brokers through SETTLE_TEST_KAFKA and SETTLE_TEST_NATS
-# (exported here); a test that needs a broker FAILS when its variable is set and the broker
-# is absent, and only skips when the variable is unset.
+# The integration tests are three binaries (ARCHITECTURE.md, "Tests"): tests/offline (no
+# service), tests/e2e (brokers, settle processes) and tests/config_load.rs. They find the
+# brokers through SETTLE_TEST_KAFKA and SETTLE_TEST_NATS (exported here); a test that needs
+# a broker FAILS when its variable is set and the broker is absent, and only skips when the
+# variable is unset.
 #
 #   --quick           skip cargo fmt and cargo clippy
 #   --no-services     start no broker; SETTLE_TEST_KAFKA / SETTLE_TEST_NATS are left as the
 #                     caller set them (point them at your own brokers, or leave them unset)
 #   --keep-services   leave the brokers this run started running afterwards
 #   -- ARGS           passed to the test binaries of both cargo test runs, e.g. a name
-#                     filter: scripts/test.sh --quick -- kafka_
+#                     filter (a test of tests/offline or tests/e2e is named
+#                     FILE::TEST, FILE its file's name):
+#                     scripts/test.sh --quick -- kafka_process::
 #
 # Environment: KAFKA_BOOTSTRAP (default 127.0.0.1:9092), NATS_ADDR (default 127.0.0.1:4222),
 # SETTLE_TEST_TIMEOUT (seconds the test run may take, default 2400), SETTLE_TEST_LOG (copy of
@@ -43,7 +47,7 @@ while [ "$#" -gt 0 ]; do
         break
         ;;
     -h | --help)
-        sed -n '2,24p' "$ROOT/scripts/test.sh" | sed 's/^# \{0,1\}//'
+        sed -n '2,28p' "$ROOT/scripts/test.sh" | sed 's/^# \{0,1\}//'
         exit 0
         ;;
     *) die "unknown option: $1 (try --help)" ;;
