@@ -3,10 +3,12 @@
 #
 #   scripts/test.sh [--quick] [--no-services] [--keep-services] [-- CARGO_TEST_ARGS...]
 #
-# Steps: system packages and toolchain (scripts/setup.sh) -> tansu and NATS started and
-# waited for (scripts/kafka.sh, scripts/nats.sh) -> cargo fmt --check -> cargo clippy
-# -D warnings -> build all test targets -> cargo test --all-targets -> cargo test --doc ->
-# summary -> stop the services this run started. Exit status non-zero when any step failed.
+# Steps: system packages and toolchain (scripts/setup.sh) -> the deploy files checked
+# statically (scripts/check-deploy.sh: compose, Kubernetes, Prometheus, Grafana; no build) ->
+# tansu and NATS started and waited for (scripts/kafka.sh, scripts/nats.sh) -> cargo fmt
+# --check -> cargo clippy -D warnings -> build all test targets -> cargo test --all-targets ->
+# cargo test --doc -> summary -> stop the services this run started. Exit status non-zero
+# when any step failed.
 #
 # The integration tests are three binaries (ARCHITECTURE.md, "Tests"): tests/offline (no
 # service), tests/e2e (brokers, settle processes) and tests/config_load.rs. They find the
@@ -47,7 +49,7 @@ while [ "$#" -gt 0 ]; do
         break
         ;;
     -h | --help)
-        sed -n '2,28p' "$ROOT/scripts/test.sh" | sed 's/^# \{0,1\}//'
+        sed -n '2,30p' "$ROOT/scripts/test.sh" | sed 's/^# \{0,1\}//'
         exit 0
         ;;
     *) die "unknown option: $1 (try --help)" ;;
@@ -158,6 +160,7 @@ banner "settle test.sh in $ROOT ($(git -C "$ROOT" rev-parse --short HEAD 2>/dev/
     "quick=$QUICK services=$SERVICES"
 
 must setup bash scripts/setup.sh
+step deploy-check bash scripts/check-deploy.sh || true
 
 if [ "$SERVICES" -eq 1 ]; then
     must tansu-install bash scripts/kafka.sh install

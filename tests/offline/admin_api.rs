@@ -435,7 +435,7 @@ fn deploy_files_agree_with_the_admin_config() {
     let compose = read("docker-compose.yml");
     assert!(compose.contains(&format!("SETTLE_ADMIN__LISTEN: 0.0.0.0:{port}")));
     assert!(compose.contains(&format!("\"{port}:{port}\"")));
-    assert!(read("deploy/prometheus.yml").contains(&format!("settle:{port}")));
+    assert!(read("deploy/prometheus/prometheus.yml").contains(&format!("settle:{port}")));
     assert!(read("Dockerfile").contains(&format!("EXPOSE {port}")));
     let sts = read("deploy/kubernetes/statefulset.yaml");
     assert!(sts.contains(&format!("value: \"0.0.0.0:{port}\"")));
