@@ -167,15 +167,17 @@ k8s_folder_files() {
 dockerfile_runtime() {
     local runtime
     runtime="$(sed -n '/^FROM .* AS runtime/,$p' Dockerfile)"
-    grep -q '^FROM debian:.*-slim AS runtime' <<<"$runtime" && echo "  ok    runtime image is Debian slim (has /bin/sh)" || {
+    if ! grep -q '^FROM debian:.*-slim AS runtime' <<<"$runtime"; then
         echo "  FAIL  runtime stage is not FROM debian:*-slim (the NATS overlay runs /bin/sh)"
         return 1
-    }
-    grep -q 'install .*\btini\b' <<<"$runtime" && grep -q 'ENTRYPOINT \["/usr/bin/tini", "--", "/usr/local/bin/settle"\]' <<<"$runtime" &&
-        echo "  ok    tini installed; ENTRYPOINT /usr/bin/tini -- /usr/local/bin/settle (the overlay's command repeats it)" || {
+    fi
+    echo "  ok    runtime image is Debian slim (has /bin/sh)"
+    if ! grep -q 'install .*\btini\b' <<<"$runtime" ||
+        ! grep -q 'ENTRYPOINT \["/usr/bin/tini", "--", "/usr/local/bin/settle"\]' <<<"$runtime"; then
         echo "  FAIL  the runtime stage must install tini and use ENTRYPOINT [\"/usr/bin/tini\", \"--\", \"/usr/local/bin/settle\"]"
         return 1
-    }
+    fi
+    echo "  ok    tini installed; ENTRYPOINT /usr/bin/tini -- /usr/local/bin/settle (the overlay's command repeats it)"
 }
 
 check "compose: schema (compose-spec)" "$VENV/bin/check-jsonschema" --builtin-schema vendor.compose-spec docker-compose.yml
