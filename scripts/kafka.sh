@@ -5,6 +5,7 @@
 #                                                 topics (settle.uploads:8, settle.changelog:8, the tier topics,
 #                                                 settle.tier-events, settle.dead-letter)
 #   scripts/kafka.sh install                      cargo install tansu, unless it is already there
+#   scripts/kafka.sh bin                          print the tansu binary's path (fails when none)
 #   scripts/kafka.sh start                        start a broker in the background (idempotent)
 #   scripts/kafka.sh wait                         wait until the broker answers a Metadata request
 #   scripts/kafka.sh create-topics NAME[:N[:compact]] ...   create topics with N partitions
@@ -196,6 +197,7 @@ up)
     log "ready: settle run (or settle run --config config/settle.toml) uses these topics"
     ;;
 install) cmd_install ;;
+bin) find_tansu || die "tansu not found (looked at TANSU_BIN, PATH, ${CARGO_HOME:-$HOME/.cargo}/bin): run scripts/kafka.sh install" ;;
 start) cmd_start ;;
 wait) cmd_wait ;;
 create-topics)
@@ -204,9 +206,9 @@ create-topics)
     ;;
 status) cmd_status ;;
 stop) stop_pid "$PIDFILE" tansu ;;
--h | --help | help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' ;;
+-h | --help | help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' ;;
 *)
-    sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
     ;;
 esac

@@ -14,7 +14,8 @@
 # service), tests/e2e (brokers, settle processes) and tests/config_load.rs. They find the
 # brokers through SETTLE_TEST_KAFKA and SETTLE_TEST_NATS (exported here); a test that needs
 # a broker FAILS when its variable is set and the broker is absent, and only skips when the
-# variable is unset.
+# variable is unset. SETTLE_TEST_TANSU (exported here too) is the tansu binary of
+# the tests that start a broker of their own (to restart it).
 #
 #   --quick           skip cargo fmt and cargo clippy
 #   --no-services     start no broker; SETTLE_TEST_KAFKA / SETTLE_TEST_NATS are left as the
@@ -49,7 +50,7 @@ while [ "$#" -gt 0 ]; do
         break
         ;;
     -h | --help)
-        sed -n '2,30p' "$ROOT/scripts/test.sh" | sed 's/^# \{0,1\}//'
+        sed -n '2,31p' "$ROOT/scripts/test.sh" | sed 's/^# \{0,1\}//'
         exit 0
         ;;
     *) die "unknown option: $1 (try --help)" ;;
@@ -180,10 +181,13 @@ if [ "$SERVICES" -eq 1 ]; then
 
     export SETTLE_TEST_KAFKA="$KAFKA_BOOTSTRAP"
     export SETTLE_TEST_NATS="$NATS_ADDR"
+    # The tests that restart a broker run a tansu of their own on another port.
+    SETTLE_TEST_TANSU="$(bash scripts/kafka.sh bin)"
+    export SETTLE_TEST_TANSU
 else
     skip services "--no-services"
 fi
-log "SETTLE_TEST_KAFKA=${SETTLE_TEST_KAFKA:-<unset>} SETTLE_TEST_NATS=${SETTLE_TEST_NATS:-<unset>}"
+log "SETTLE_TEST_KAFKA=${SETTLE_TEST_KAFKA:-<unset>} SETTLE_TEST_NATS=${SETTLE_TEST_NATS:-<unset>} SETTLE_TEST_TANSU=${SETTLE_TEST_TANSU:-<unset>}"
 
 if [ "$QUICK" -eq 1 ]; then
     skip fmt "--quick"

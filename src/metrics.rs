@@ -46,6 +46,10 @@ pub const UPLOADS_CONSUMED: &str = "settle_uploads_consumed_total";
 /// Counter `{topic, partition, reason}`: input records dead-lettered, by
 /// `codec::DecodeError::reason` code (SEMANTICS §2).
 pub const UPLOADS_REJECTED: &str = "settle_uploads_rejected_total";
+/// Counter `{topic, partition}`: input records the transport read and dropped because they lie
+/// below the partition's next offset (already applied: read again while the fetcher was sent
+/// back, or redelivered); each drop is logged by the transport too.
+pub const INPUT_SKIPPED: &str = "settle_input_skipped_total";
 /// Counter `{trigger, tier, policy}`: emissions acknowledged by the broker (SEMANTICS §2, §4).
 pub const EMISSIONS: &str = "settle_emissions_total";
 /// Counter `{tier, policy}`: uploads coalesced into acknowledged emissions (the `uploads`
@@ -136,6 +140,7 @@ struct Inner {
     names: Vec<String>,
     uploads_consumed: IntCounterVec,
     uploads_rejected: IntCounterVec,
+    input_skipped: IntCounterVec,
     emissions: IntCounterVec,
     emission_uploads: IntCounterVec,
     coalescing_ratio: Gauge,
@@ -215,6 +220,11 @@ impl Metrics {
             UPLOADS_REJECTED,
             "Input records dead-lettered, by decode failure reason (SEMANTICS §2).",
             &["topic", "partition", "reason"],
+        );
+        let input_skipped = b.counter(
+            INPUT_SKIPPED,
+            "Input records read and dropped because they lie below the partition's next offset (already applied).",
+            TOPIC_PARTITION,
         );
         let emissions = b.counter(
             EMISSIONS,
@@ -328,6 +338,7 @@ impl Metrics {
                 names: b.names,
                 uploads_consumed,
                 uploads_rejected,
+                input_skipped,
                 emissions,
                 emission_uploads,
                 coalescing_ratio,
@@ -368,6 +379,7 @@ impl Metrics {
         let labels = [topic, p.as_str()];
         PartitionMetrics {
             consumed: self.inner.uploads_consumed.with_label_values(&labels),
+            skipped: self.inner.input_skipped.with_label_values(&labels),
             store_write: self.inner.store_write.with_label_values(&labels),
             topic: topic.to_owned(),
             partition: p,
@@ -476,6 +488,7 @@ impl Metrics {
 #[derive(Clone, Debug)]
 pub struct PartitionMetrics {
     consumed: IntCounter,
+    skipped: IntCounter,
     store_write: Histogram,
     topic: String,
     partition: String,
@@ -486,6 +499,12 @@ impl PartitionMetrics {
     /// `n` input records were applied (their store batch committed).
     pub fn consumed(&self, n: u64) {
         self.consumed.inc_by(n);
+    }
+
+    /// `n` input records were read and dropped below the partition's next offset
+    /// (`transport::InputBatch::skipped`).
+    pub fn skipped(&self, n: u64) {
+        self.skipped.inc_by(n);
     }
 
     /// One record was dead-lettered with `reason` (a `codec::DecodeError::reason` code: a
@@ -622,7 +641,7 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), n);
-        assert_eq!(n, 19);
+        assert_eq!(n, 20);
     }
 
     #[test]

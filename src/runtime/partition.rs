@@ -388,6 +388,7 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
                 match polled {
                     Ok(batch) => {
                         self.warn.poll.clear();
+                        self.metrics.skipped(batch.skipped);
                         let complete = self.decode(batch.records, cancel).await;
                         // A truncated batch leaves records unread: not caught up.
                         self.caught_up = batch.caught_up && complete;

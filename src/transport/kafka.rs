@@ -992,6 +992,35 @@ struct Cursor {
     failed: Option<Error>,
     /// An offset gap was already reported for this input.
     gap_warned: bool,
+    /// Records dropped below the position since the last poll returned.
+    skipped: Skipped,
+}
+
+/// Records dropped below the position (already applied) during one poll, for its log line
+/// and `InputBatch::skipped`.
+#[derive(Clone, Copy, Debug, Default)]
+struct Skipped {
+    /// Dropped in all.
+    count: u64,
+    /// Of those, dropped while no rewind was under way: the broker sent records below the
+    /// position unasked (say, librdkafka reset the fetch offset to the log start).
+    unasked: u64,
+    /// Lowest and highest offset dropped.
+    first: i64,
+    last: i64,
+}
+
+impl Skipped {
+    fn note(&mut self, offset: i64, rewinding: bool) {
+        if self.count == 0 {
+            self.first = offset;
+            self.last = offset;
+        }
+        self.count += 1;
+        self.unasked += u64::from(!rewinding);
+        self.first = self.first.min(offset);
+        self.last = self.last.max(offset);
+    }
 }
 
 impl Cursor {
@@ -1019,7 +1048,9 @@ impl Cursor {
                 let offset = m.offset();
                 if let Some(next) = self.next {
                     if offset < next {
-                        // Applied already (or read while rewinding).
+                        // Applied already (read again while rewinding, or sent unasked):
+                        // counted, and logged once per poll (`KafkaInput::poll`).
+                        self.skipped.note(offset, self.rewind.is_some());
                         if let Some(r) = &mut self.rewind {
                             r.saw_below = true;
                         }
@@ -1266,6 +1297,86 @@ impl KafkaInput {
     }
 }
 
+impl KafkaInput {
+    /// Fails with [`Error::started_over`] when the partition's log ends below `next`, the
+    /// offset stored for it (the topic was re-created, or the broker lost its log): records
+    /// below `next` would otherwise be dropped as applied already, without an emission.
+    ///
+    /// The log end is the larger of ListOffsets "latest" and the high watermark of
+    /// librdkafka's fetch responses (the fetcher was just sent to `next`). Neither is trusted
+    /// alone when it is low: tansu 0.6 answers "latest" with the newest batch's base offset
+    /// plus one (below the end when that batch holds several records), and its high watermark can
+    /// lag the log end for a moment right after a produce. So a low end is asked again every
+    /// 500 ms for [`LOG_END_SETTLE`] (the fetch response of the position arrives meanwhile)
+    /// before the partition is failed.
+    ///
+    /// Errors: [`Error::Unavailable`] when the broker does not answer (the runtime retries the
+    /// seek); [`Error::Fatal`] ([`Error::started_over`]) as above.
+    async fn check_log_end(&self, next: i64) -> Result<(), Error> {
+        let started = Instant::now();
+        loop {
+            let (topic, partition) = (self.topic.clone(), self.partition);
+            let (_, latest) = self
+                .blocking(move |c| c.fetch_watermarks(&topic, partition, CALL_TIMEOUT))
+                .await?;
+            let end = latest.max(self.cached_high_watermark().unwrap_or(-1));
+            if end >= next {
+                return Ok(());
+            }
+            if started.elapsed() >= LOG_END_SETTLE {
+                return Err(Error::started_over(
+                    TRANSPORT,
+                    &self.topic,
+                    self.partition,
+                    end.max(0),
+                    next,
+                ));
+            }
+            tracing::debug!(
+                partition = self.partition,
+                end,
+                next_offset = next,
+                "kafka: log end below the stored offset; asking again"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// Logs the records the last poll dropped below the position (one line per poll) and
+    /// returns how many (`InputBatch::skipped`).
+    fn log_skipped(&mut self) -> u64 {
+        let s = std::mem::take(&mut self.cursor.skipped);
+        if s.count == 0 {
+            return 0;
+        }
+        let next_offset = self.cursor.next.unwrap_or(-1);
+        if s.unasked > 0 {
+            tracing::warn!(
+                partition = self.partition,
+                skipped = s.count,
+                first = s.first,
+                last = s.last,
+                next_offset,
+                "kafka: the broker sent records below the partition's next offset unasked; dropped as applied already (settle_input_skipped_total)"
+            );
+        } else {
+            tracing::info!(
+                partition = self.partition,
+                skipped = s.count,
+                first = s.first,
+                last = s.last,
+                next_offset,
+                "kafka: records below the partition's next offset read again while rewinding; dropped as applied already (settle_input_skipped_total)"
+            );
+        }
+        s.count
+    }
+}
+
+/// How long [`KafkaInput::check_log_end`] asks again about a log end below the stored offset
+/// before it fails the partition.
+const LOG_END_SETTLE: Duration = Duration::from_secs(5);
+
 /// librdkafka refuses a seek while a just-assigned partition has not started fetching.
 fn not_started(e: &KafkaError) -> bool {
     matches!(
@@ -1285,6 +1396,7 @@ impl PartitionInput for KafkaInput {
 
     async fn seek(&mut self, next_offset: i64) -> Result<(), Error> {
         self.seek_fetcher(next_offset).await?;
+        self.check_log_end(next_offset).await?;
         tracing::debug!(
             partition = self.partition,
             next_offset,
@@ -1336,7 +1448,12 @@ impl PartitionInput for KafkaInput {
         if records.is_empty() && !caught_up && self.cursor.stalled() {
             self.rewind().await?;
         }
-        Ok(InputBatch { records, caught_up })
+        let skipped = self.log_skipped();
+        Ok(InputBatch {
+            records,
+            caught_up,
+            skipped,
+        })
     }
 
     fn lag(&self) -> Option<u64> {

@@ -490,6 +490,7 @@ impl MemoryInput {
                 })
                 .collect(),
             caught_up: end == records.len(),
+            skipped: 0,
         };
         drop(records);
         self.position = end as i64;
@@ -528,6 +529,7 @@ impl PartitionInput for MemoryInput {
         Ok(self.take(max).unwrap_or(InputBatch {
             records: Vec::new(),
             caught_up: true,
+            skipped: 0,
         }))
     }
 

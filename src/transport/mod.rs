@@ -85,6 +85,11 @@ pub struct InputBatch {
     /// Decides the partition clock (SEMANTICS §3): event time while behind, wall clock when
     /// caught up.
     pub caught_up: bool,
+    /// Records the transport read during this poll and dropped because they lie below the
+    /// partition's next offset (already applied: read again while the fetcher was sent back,
+    /// or redelivered). Each drop is also logged by the transport; the runtime counts them in
+    /// `settle_input_skipped_total`, so no record is ever left out unseen.
+    pub skipped: u64,
 }
 
 /// One ready record to publish (SEMANTICS §2 output record, already encoded).
@@ -167,6 +172,33 @@ impl Error {
     /// True for [`Error::Unavailable`]: back off and try again.
     pub fn is_retryable(&self) -> bool {
         matches!(self, Error::Unavailable { .. })
+    }
+
+    /// The [`Error::Fatal`] of [`PartitionInput::seek`] when partition `partition` of `topic`
+    /// ends at offset `end` (the next offset the broker would append) below `next`, the next
+    /// offset its store holds: this log cannot be the one the store applied, because the
+    /// topic or stream started over (deleted and re-created, or a broker that lost its log).
+    /// Reading on would skip every record below `next` without an emission, so the partition
+    /// stops instead, and the message names both offsets and what the operator does about it
+    /// (README "Operate").
+    pub fn started_over(
+        transport: &'static str,
+        topic: &str,
+        partition: i32,
+        end: i64,
+        next: i64,
+    ) -> Self {
+        Error::Fatal {
+            transport,
+            reason: format!(
+                "input {topic} partition {partition} ends at offset {end}, below the next offset \
+                 {next} stored for it: {topic} started over (deleted and re-created, or the \
+                 broker lost its log), and reading on would skip every record below {next}. \
+                 Stop settle and wipe this partition's store directory \
+                 (<store.data-dir>/{topic}/{partition}) to start it afresh, or restore it from a \
+                 changelog of this same {topic}"
+            ),
+        }
     }
 }
 

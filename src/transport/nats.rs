@@ -827,6 +827,9 @@ pub struct NatsInput {
     /// Pending count of the last fetch that told it: messages after the last one handed
     /// out (`PartitionInput::lag`).
     lag: Option<u64>,
+    /// Redeliveries below the position dropped since the last poll returned
+    /// (`InputBatch::skipped`).
+    skipped: u64,
 }
 
 /// How a fetch ended.
@@ -852,6 +855,7 @@ impl NatsInput {
             committed: 0,
             acks: VecDeque::new(),
             lag: None,
+            skipped: 0,
         }
     }
 
@@ -1015,14 +1019,9 @@ impl NatsInput {
             let message = message.message;
             let position = self.position.unwrap_or(0);
             if sseq < position {
-                // A redelivery of something handed out before.
-                tracing::debug!(
-                    partition = self.partition,
-                    sseq,
-                    cseq,
-                    position,
-                    "nats: redelivery skipped"
-                );
+                // A redelivery of something handed out before: counted, and logged once per
+                // poll (`NatsInput::poll`).
+                self.skipped += 1;
                 if sseq < self.committed {
                     if let Some(reply) = message.reply {
                         // Not fatal for this fetch: unacked, it comes back after ack-wait.
@@ -1063,6 +1062,34 @@ impl NatsInput {
         }
     }
 
+    /// Fails with [`Error::started_over`] when the input stream's last sequence is below
+    /// `next - 1`, the last sequence the store applied for this partition: the stream was
+    /// deleted and re-created (or lost), and a consumer created at `next` would skip every
+    /// new message of the partition below it. JetStream's stream state is exact (no
+    /// watermark lag), so one look decides.
+    ///
+    /// Errors: [`Error::Unavailable`] when the server does not answer (the runtime retries the
+    /// seek); [`Error::Fatal`] as above.
+    async fn check_stream_end(&self, next: u64) -> Result<(), Error> {
+        let stream_name = &self.config.input_stream;
+        let stream = self
+            .js
+            .get_stream(stream_name)
+            .await
+            .map_err(|e| unavailable(format!("stream {stream_name}: {e}")))?;
+        let end = stream.cached_info().state.last_sequence + 1;
+        if next > end {
+            return Err(Error::started_over(
+                TRANSPORT,
+                stream_name,
+                self.partition,
+                end as i64,
+                next as i64,
+            ));
+        }
+        Ok(())
+    }
+
     /// Publishes one ack (`+ACK` is an empty body on a JetStream ack subject).
     async fn send_ack(&self, reply: Subject) -> Result<(), Error> {
         let client = self.js.client();
@@ -1085,6 +1112,7 @@ impl PartitionInput for NatsInput {
 
     async fn seek(&mut self, next_offset: i64) -> Result<(), Error> {
         let next = next_offset.max(1) as u64;
+        self.check_stream_end(next).await?;
         self.position = Some(next);
         self.committed = next;
         self.acks.clear();
@@ -1132,7 +1160,20 @@ impl PartitionInput for NatsInput {
         if pending.is_some() {
             self.lag = pending;
         }
-        Ok(InputBatch { records, caught_up })
+        let skipped = std::mem::take(&mut self.skipped);
+        if skipped > 0 {
+            tracing::info!(
+                partition = self.partition,
+                skipped,
+                position = ?self.position,
+                "nats: redeliveries below the partition's next offset dropped as applied already (settle_input_skipped_total)"
+            );
+        }
+        Ok(InputBatch {
+            records,
+            caught_up,
+            skipped,
+        })
     }
 
     fn lag(&self) -> Option<u64> {

@@ -232,3 +232,94 @@ fn kafka_run_exits_when_a_store_cannot_open() -> Result<()> {
     );
     Ok(())
 }
+
+/// Issue 19: a store whose next offsets are past the end of its input topic (the broker's
+/// log started over: memory storage restarted, topics re-created) stops `settle run` with
+/// exit code 1 and an error naming the topic, the partition, both offsets and what to do,
+/// instead of dropping every new record below the stored offset without a word.
+///
+/// Runs a tansu broker of its own (`process_support::tansu_bin`; the shared broker is never
+/// restarted): settle emits the rounds of some traffic and stops; the broker is restarted
+/// empty, the same topics are created again and fewer uploads produced; settle is started
+/// on the same data dir.
+#[test]
+fn kafka_run_stops_when_the_input_topic_started_over() -> Result<()> {
+    let Some(bin) = process_support::tansu_bin("kafka_run_stops_when_the_input_topic_started_over")
+    else {
+        return Ok(());
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let dir = tempfile::tempdir()?;
+    let mut tansu = process_support::Tansu::start(&bin, &dir.path().join("tansu.log"))?;
+    let bootstrap = tansu.bootstrap.clone();
+    let (kafka, output) = fresh_topics(&rt, &bootstrap, "startover", 2)?;
+    let config_path = dir.path().join("settle.toml");
+    std::fs::write(
+        &config_path,
+        config_text(&kafka, &output, &dir.path().join("data")),
+    )?;
+    let config = Config::load(Some(&config_path)).context("the test's config")?;
+    let produce = |duration: &str, seed: &str| -> Result<Vec<loadgen::TopicRecord>> {
+        let mut gen =
+            process_support::kafka_loadgen(&bootstrap, &kafka.input_topic, duration, "2", seed);
+        let status = gen.status().context("settle loadgen")?;
+        ensure!(status.success(), "loadgen failed: {status}");
+        rt.block_on(loadgen::read_topic(&kafka, &kafka.input_topic, 1, STEP))
+    };
+    let ends_of = |input: &[loadgen::TopicRecord]| -> BTreeMap<i32, i64> {
+        kafka_support::partition_ends(input, 2)
+            .into_iter()
+            .enumerate()
+            .map(|(p, end)| (p as i32, end.unwrap_or(0)))
+            .collect()
+    };
+
+    // First life of the topics: every round out, then a clean stop.
+    let input = produce("2s", "3")?;
+    let want = by_id(reference(&config, &trace_of(&input)?)?);
+    let mut run = start_run(&config_path, &[])?;
+    wait_for_rounds(
+        &mut run,
+        want.len(),
+        STEP,
+        || emitted_now(&rt, &kafka, &output),
+        |(e, _)| e.emission_id(),
+    )?;
+    sigterm(&mut run, SHUTDOWN_DEADLINE)?;
+    let stored = ends_of(&input);
+
+    // The broker starts over: an empty cluster, the same topics, fewer uploads.
+    tansu.restart()?;
+    kafka_support::create_topics_of(&rt, &kafka, &output, 2)?;
+    let again = produce("1s", "4")?;
+    let ends = ends_of(&again);
+    ensure!(
+        stored.iter().all(|(p, next)| ends[p] < *next),
+        "the second life must be shorter: stored {stored:?}, ends {ends:?}"
+    );
+
+    let stderr = process_support::run_expecting_started_over(
+        &config_path,
+        &kafka.input_topic,
+        &stored,
+        &ends,
+        STEP,
+    )?;
+    let out = emitted_now(&rt, &kafka, &output)?;
+    ensure!(
+        out.is_empty(),
+        "emissions after the broker started over: {out:?}"
+    );
+    println!(
+        "stores at {stored:?}, topic ends {ends:?}: settle run exited 1 with\n{}",
+        stderr
+            .lines()
+            .filter(|l| l.starts_with("error:"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    Ok(())
+}

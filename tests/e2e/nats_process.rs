@@ -34,6 +34,7 @@ use settle::engine::Emission;
 use settle::transport::nats::Storage;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// `[runtime] shutdown-deadline` of the settle processes.
@@ -80,6 +81,30 @@ topic = "{limited}"
     )
 }
 
+/// `settle loadgen --nats` to the input stream of `setup` (its partition count): the mixed
+/// scenarios at 300 uploads/s for `duration` over `tenants` tenants, 40 burst machines, seed
+/// `seed`, no progress bar.
+fn loadgen(setup: &Setup, duration: &str, tenants: &str, seed: &str) -> Command {
+    let mut c = settle();
+    c.args(["loadgen", "--nats", &setup.nats.servers, "--topic"])
+        .arg(&setup.nats.input_subject_prefix)
+        .arg("--nats-partitions")
+        .arg(setup.nats.partitions.to_string())
+        .arg("--nats-stream")
+        .arg(&setup.nats.input_stream)
+        .args(["--scenario", "mix", "--rate", "300", "--duration", duration])
+        .args([
+            "--tenants",
+            tenants,
+            "--burst-machines",
+            "40",
+            "--seed",
+            seed,
+        ])
+        .arg("--no-progress");
+    c
+}
+
 #[test]
 fn nats_loadgen_run_sigkill_restart_sigterm() -> Result<()> {
     let Some(addr) = server("nats_loadgen_run_sigkill_restart_sigterm") else {
@@ -99,27 +124,8 @@ fn nats_loadgen_run_sigkill_restart_sigterm() -> Result<()> {
     // settle run, then live traffic: ~12 s of the mixed scenarios over 4 tenants.
     let mut first = start_run(&config_path, &[])?;
     let trace_path = dir.path().join("trace.jsonl");
-    let mut gen = settle()
-        .args(["loadgen", "--nats", &setup.nats.servers, "--topic"])
-        .arg(&setup.nats.input_subject_prefix)
-        .args(["--nats-partitions", "3", "--nats-stream"])
-        .arg(&setup.nats.input_stream)
-        .args([
-            "--scenario",
-            "mix",
-            "--rate",
-            "300",
-            "--duration",
-            "12s",
-            "--tenants",
-            "4",
-            "--burst-machines",
-            "40",
-            "--seed",
-            "5",
-            "--no-progress",
-            "--trace-out",
-        ])
+    let mut gen = loadgen(&setup, "12s", "4", "5")
+        .arg("--trace-out")
         .arg(&trace_path)
         .spawn()
         .context("spawn settle loadgen")?;
@@ -204,6 +210,97 @@ fn nats_loadgen_run_sigkill_restart_sigterm() -> Result<()> {
         input.len(),
         want.len(),
         stopped_in.as_secs_f64()
+    );
+    rt.block_on(setup.cleanup());
+    Ok(())
+}
+
+/// Issue 19: stores whose next offsets are past the end of the input stream (the stream was
+/// deleted and re-created) stop `settle run` with exit code 1 and an error naming the
+/// stream, the partition, both offsets and what to do, instead of a consumer created at the
+/// stored sequence skipping every new message below it without a word.
+#[test]
+fn nats_run_stops_when_the_input_stream_started_over() -> Result<()> {
+    let Some(addr) = server("nats_run_stops_when_the_input_stream_started_over") else {
+        return Ok(());
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let setup = rt.block_on(Setup::new(&addr, "over", Storage::Memory, 2))?;
+    let dir = tempfile::tempdir()?;
+    let config_path = dir.path().join("settle.toml");
+    std::fs::write(&config_path, config_text(&setup, &dir.path().join("data")))?;
+    let config = Config::load(Some(&config_path)).context("the test's config")?;
+    let produce =
+        |duration: &str, seed: &str| -> Result<Vec<settle::transport::nats::StreamRecord>> {
+            let status = loadgen(&setup, duration, "2", seed)
+                .status()
+                .context("settle loadgen")?;
+            ensure!(status.success(), "loadgen failed: {status}");
+            rt.block_on(setup.input(1))
+        };
+
+    // First life of the stream: every round out, then a clean stop.
+    let input = produce("3s", "3")?;
+    let want = by_id(reference(&config, &trace_of(&input)?)?);
+    let mut run = start_run(&config_path, &[])?;
+    wait_for_rounds(
+        &mut run,
+        want.len(),
+        STEP,
+        || rt.block_on(setup.emitted("normal", 0)),
+        Emission::emission_id,
+    )?;
+    sigterm(&mut run, SHUTDOWN_DEADLINE)?;
+    // Each partition's store holds the sequence after its last message.
+    let mut stored: BTreeMap<i32, i64> = BTreeMap::new();
+    for r in &input {
+        let p = r.partition().context("input subject without a partition")?;
+        let next = stored.entry(p).or_default();
+        *next = (*next).max(r.sequence as i64 + 1);
+    }
+
+    // The stream starts over: deleted (with its consumers), created again, fewer uploads.
+    rt.block_on(async {
+        setup.js.delete_stream(&setup.nats.input_stream).await?;
+        settle::transport::nats::ensure_input_stream(&setup.js, &setup.nats).await?;
+        anyhow::Ok(())
+    })?;
+    let again = produce("1s", "4")?;
+    let end = again
+        .iter()
+        .map(|r| r.sequence as i64 + 1)
+        .max()
+        .unwrap_or(1);
+    ensure!(
+        stored.values().all(|next| end < *next),
+        "the second life must be shorter: stored {stored:?}, stream end {end}"
+    );
+    let ends: BTreeMap<i32, i64> = stored.keys().map(|p| (*p, end)).collect();
+
+    let stderr = process_support::run_expecting_started_over(
+        &config_path,
+        &setup.nats.input_stream,
+        &stored,
+        &ends,
+        STEP,
+    )?;
+    let out = rt.block_on(setup.emitted("normal", 0))?;
+    ensure!(
+        out.len() == want.len(),
+        "emissions after the stream started over: {} (before: {})",
+        out.len(),
+        want.len()
+    );
+    println!(
+        "stores at {stored:?}, stream end {end}: settle run exited 1 with\n{}",
+        stderr
+            .lines()
+            .filter(|l| l.starts_with("error:"))
+            .collect::<Vec<_>>()
+            .join("\n")
     );
     rt.block_on(setup.cleanup());
     Ok(())

@@ -227,19 +227,31 @@ pub fn fresh_topics_compacted(
         ..KafkaConfig::default()
     };
     let output = format!("{id}-ready");
+    let compacted = create_topics_of(rt, &kafka, &output, partitions)?;
+    Ok((kafka, output, compacted))
+}
+
+/// Creates the topics of `kafka` on its cluster: the input with `partitions`, dead letters,
+/// `output` (1 partition) and the changelog (if on, `partitions`, compacted where the broker
+/// takes it); returns whether the changelog is compacted.
+pub fn create_topics_of(
+    rt: &tokio::runtime::Runtime,
+    kafka: &KafkaConfig,
+    output: &str,
+    partitions: i32,
+) -> Result<bool> {
     rt.block_on(loadgen::create_topics(
-        &kafka,
+        kafka,
         &[
             (&kafka.input_topic, partitions),
             (&kafka.dead_letter_topic, 1),
-            (&output, 1),
+            (output, 1),
         ],
     ))?;
-    let compacted = match kafka.changelog() {
-        Some(changelog) => create_compacted_topic(rt, &kafka, &changelog, partitions)?,
-        None => false,
-    };
-    Ok((kafka, output, compacted))
+    match kafka.changelog() {
+        Some(changelog) => create_compacted_topic(rt, kafka, &changelog, partitions),
+        None => Ok(false),
+    }
 }
 
 /// Creates `topic` with `partitions` and `cleanup.policy=compact` on the cluster of `kafka`;

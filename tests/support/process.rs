@@ -392,3 +392,196 @@ pub fn kafka_loadgen(
     .arg("--no-progress");
     c
 }
+
+/// The tansu binary for the tests that run a broker of their own: `SETTLE_TEST_TANSU` (set
+/// by scripts/test.sh), else `tansu` on `PATH`, else `~/.cargo/bin/tansu`. Not found: `None`
+/// after saying loudly that `test` did not run, except under CI (`CI` set), where it is a
+/// failure.
+pub fn tansu_bin(test: &str) -> Option<std::path::PathBuf> {
+    let from_env = std::env::var_os("SETTLE_TEST_TANSU").filter(|v| !v.is_empty());
+    let on_path = std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|d| d.join("tansu"))
+            .find(|p| p.is_file())
+    });
+    let in_cargo = std::env::var_os("CARGO_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cargo")))
+        .map(|d| d.join("bin/tansu"))
+        .filter(|p| p.is_file());
+    let found = from_env
+        .map(std::path::PathBuf::from)
+        .or(on_path)
+        .or(in_cargo);
+    if found.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI is set but no tansu binary was found (SETTLE_TEST_TANSU, PATH, ~/.cargo/bin): {test} needs one (scripts/kafka.sh install)"
+        );
+        println!("no tansu binary (SETTLE_TEST_TANSU, PATH, ~/.cargo/bin): {test} did NOT run");
+    }
+    found
+}
+
+/// A tansu broker of one test on its own loopback port, with in-memory storage (every start
+/// is an empty cluster, as after `docker compose down` of a broker without a volume). The
+/// command line is scripts/kafka.sh's. Killed when dropped.
+pub struct Tansu {
+    bin: std::path::PathBuf,
+    /// `127.0.0.1:PORT`.
+    pub bootstrap: String,
+    log: std::path::PathBuf,
+    child: Option<Child>,
+}
+
+impl Tansu {
+    /// Starts `bin` on a free loopback port, its output appended to `log`, and waits until
+    /// it answers a metadata request.
+    pub fn start(bin: &Path, log: &Path) -> Result<Tansu> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let mut t = Tansu {
+            bin: bin.to_owned(),
+            bootstrap: format!("127.0.0.1:{port}"),
+            log: log.to_owned(),
+            child: None,
+        };
+        t.restart()?;
+        Ok(t)
+    }
+
+    /// Stops the broker (SIGKILL; its memory storage is gone) and starts it again on the
+    /// same port: an empty cluster.
+    pub fn restart(&mut self) -> Result<()> {
+        self.stop()?;
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .with_context(|| format!("open {}", self.log.display()))?;
+        let url = format!("tcp://{}", self.bootstrap);
+        let child = Command::new(&self.bin)
+            .args([
+                "broker",
+                "--listener-url",
+                &url,
+                "--advertised-listener-url",
+                &url,
+            ])
+            .args(["--storage-engine", "memory://tansu/"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(out.try_clone()?))
+            .stderr(Stdio::from(out))
+            .spawn()
+            .with_context(|| format!("spawn {}", self.bin.display()))?;
+        self.child = Some(child);
+        self.wait_ready(Duration::from_secs(60))
+    }
+
+    /// Waits until the broker answers a metadata request (or fails with its log's tail).
+    fn wait_ready(&mut self, limit: Duration) -> Result<()> {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        let client: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &self.bootstrap)
+            .create()
+            .context("metadata client")?;
+        let t0 = Instant::now();
+        loop {
+            if client.fetch_metadata(None, Duration::from_secs(1)).is_ok() {
+                return Ok(());
+            }
+            let exited = match self.child.as_mut() {
+                Some(c) => c.try_wait()?,
+                None => None,
+            };
+            if exited.is_some() || t0.elapsed() > limit {
+                let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(20).collect();
+                anyhow::bail!(
+                    "tansu on {} not answering ({exited:?}) after {:?}; its log ends:\n{}",
+                    self.bootstrap,
+                    t0.elapsed(),
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Kills the broker, if running.
+    pub fn stop(&mut self) -> Result<()> {
+        if let Some(mut c) = self.child.take() {
+            c.kill()?;
+            c.wait()?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Tansu {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}
+
+/// Runs `settle run --config CONFIG` to its exit (at most `limit`) on stores that are ahead
+/// of their input (the topic or stream started over) and requires what that shows: exit
+/// code 1, and an error that names `topic`, a partition `p` of `stored` (partition → next
+/// offset its store holds) with exactly that offset, a log end of at most `ends[p]` (the
+/// partition's end as the test produced it), and what to do. Returns settle's stderr.
+pub fn run_expecting_started_over(
+    config: &Path,
+    topic: &str,
+    stored: &std::collections::BTreeMap<i32, i64>,
+    ends: &std::collections::BTreeMap<i32, i64>,
+    limit: Duration,
+) -> Result<String> {
+    let log = config.with_extension("started-over.log");
+    let file = std::fs::File::create(&log)?;
+    let mut child = settle()
+        .args(["run", "--config"])
+        .arg(config)
+        .env("SETTLE_LOG", "warn")
+        .stderr(Stdio::from(file))
+        .spawn()
+        .context("spawn settle run")?;
+    let status = wait_exit(&mut child, limit)?;
+    let stderr = std::fs::read_to_string(&log)?;
+    let Some(status) = status else {
+        child.kill()?;
+        anyhow::bail!(
+            "settle run still running after {limit:?} on stores ahead of their input:\n{stderr}"
+        );
+    };
+    ensure!(
+        status.code() == Some(1),
+        "settle run exited with {status} (want exit code 1):\n{stderr}"
+    );
+    let named = stored.iter().find_map(|(p, next)| {
+        let head = format!("input {topic} partition {p} ends at offset ");
+        let rest = &stderr[stderr.find(&head)? + head.len()..];
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        let end: i64 = digits.parse().ok()?;
+        let tail = format!(", below the next offset {next} stored for it");
+        rest[digits.len()..].starts_with(&tail).then_some((*p, end))
+    });
+    let Some((p, end)) = named else {
+        anyhow::bail!(
+            "no error names {topic}, a partition and its stored offset {stored:?}:\n{stderr}"
+        );
+    };
+    let produced = ends.get(&p).copied().unwrap_or(0);
+    ensure!(
+        end <= produced,
+        "partition {p}: the error says the log ends at {end}, the test produced {produced}"
+    );
+    ensure!(
+        stderr.contains("error: partition")
+            && stderr.contains("wipe this partition's store directory")
+            && stderr.contains(&format!("<store.data-dir>/{topic}/{p}"))
+            && stderr.contains("restore it from a changelog"),
+        "the exit does not say what to do:\n{stderr}"
+    );
+    Ok(stderr)
+}
