@@ -16,6 +16,8 @@
 //! partition could not answer. Times are RFC 3339 with milliseconds (as in the output
 //! records), durations are milliseconds (`*_ms`).
 
+pub use crate::config::admin::{AdminConfig, DEFAULT_LISTEN};
+
 use crate::codec::{format_rfc3339_ms, validate_session, validate_tenant};
 use crate::engine::{Millis, SessionKey};
 use crate::metrics::Metrics;
@@ -32,44 +34,18 @@ use axum::http::{header, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Json;
-use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-
-/// Default `admin.listen`: loopback only, port 9464.
-pub const DEFAULT_LISTEN: SocketAddr =
-    SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 9464);
 
 /// Longest wait for the partition tasks to answer a session query.
 pub const SESSION_LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long a stopping server waits for open connections before it is aborted.
 const STOP_GRACE: Duration = Duration::from_secs(1);
-
-/// `[admin]`: the admin HTTP server of `settle run`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
-pub struct AdminConfig {
-    /// `enabled`: serve the admin endpoints (default true).
-    pub enabled: bool,
-    /// `listen`: IP address and port to listen on (default `127.0.0.1:9464`, loopback only;
-    /// `0.0.0.0:9464` in a container so Prometheus and the kubelet can reach it; port 0 picks
-    /// a free port).
-    pub listen: SocketAddr,
-}
-
-impl Default for AdminConfig {
-    fn default() -> Self {
-        AdminConfig {
-            enabled: true,
-            listen: DEFAULT_LISTEN,
-        }
-    }
-}
 
 /// What the handlers read: handles shared with one runtime. Cheap to clone.
 #[derive(Clone)]

@@ -112,11 +112,10 @@
 //! * The router logs each change (`tracing`, info) and counts it ([`Router::counters`], for
 //!   the metrics endpoint and `tiers.json`).
 
-mod config;
 mod event;
 mod window;
 
-pub use config::{
+pub use crate::config::tiers::{
     ConfigError, TierSpec, TiersConfig, MAX_DURATION, MAX_LIMIT, MAX_TIER_NAME_BYTES,
     MAX_TOPIC_BYTES,
 };

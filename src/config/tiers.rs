@@ -124,7 +124,7 @@ impl Default for TiersConfig {
 /// A `[tiers]` value outside its allowed range. `key` is the full dotted key
 /// (`tiers.recover-ratio`, `tiers.tier[1].name`, `tiers.pinned."bigco"`), `message` says what
 /// is allowed.
-pub type ConfigError = crate::config::KeyError;
+pub type ConfigError = super::KeyError;
 
 impl TiersConfig {
     /// Checks every value (SEMANTICS §5). Returns the first problem found, naming its key:

@@ -18,17 +18,23 @@
 //! `Serialize` with `#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]`, plus
 //! its checks in [`Config::validate`].
 
+pub mod admin;
+pub mod kafka;
+pub mod nats;
+pub mod tiers;
+
 use crate::codec::validate_tenant;
 use crate::engine::{Millis, PolicyName, PolicySpec, PolicyTable};
-use crate::tiers::TiersConfig;
-use crate::transport::kafka::KafkaConfig;
-use crate::transport::nats::NatsConfig;
+use admin::AdminConfig;
 use figment::providers::{Env, Format, Toml};
 use figment::Figment;
+use kafka::KafkaConfig;
+use nats::NatsConfig;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use tiers::TiersConfig;
 
 /// Longest debounce duration accepted (`delay`, `min-delay`, `max-delay`, `max-wait`,
 /// `state-ttl`): 365 days, in ms.
@@ -49,7 +55,7 @@ pub struct Config {
     pub runtime: RuntimeConfig,
     /// `[admin]`: the admin HTTP server of `settle run` (`/metrics`, `/healthz`, `/readyz`,
     /// `/v1/...`).
-    pub admin: crate::admin::AdminConfig,
+    pub admin: AdminConfig,
     /// `[kafka]`: the Kafka transport of `settle run` (broker, consumer group, input and
     /// dead-letter topics, librdkafka properties).
     pub kafka: KafkaConfig,
