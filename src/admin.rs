@@ -166,8 +166,10 @@ async fn not_found(uri: Uri) -> Response {
 
 async fn metrics(State(s): State<AdminState>) -> Response {
     let counters = s.router.lock().counters();
+    let now = (s.wall)();
+    let status = s.status.snapshot();
     s.metrics
-        .refresh(&s.status.snapshot(), &counters, (s.wall)());
+        .refresh(status.values().map(|p| p.gauges(now)), &counters);
     (
         [(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)],
         s.metrics.encode(),

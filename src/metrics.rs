@@ -23,13 +23,13 @@
 //!   emissions, lateness, time-to-ready and failed publishes in the publisher, when the broker
 //!   acknowledged the record (`emitted_at` = the wall clock of the successful attempt).
 //! * Gauges (pending rounds, outbox size, consumer lag, partition clock, partitions by state,
-//!   restore) and the tier figures are refreshed from the runtime's status board and tier
-//!   router at scrape time ([`Metrics::refresh`]).
+//!   restore) and the tier figures are refreshed at scrape time ([`Metrics::refresh`]) from
+//!   what the runtime hands over: one [`PartitionGauges`] per partition of its status board
+//!   and the tier router's counters. This module knows nothing of the runtime.
 //!
 //! Units: seconds for durations (Prometheus convention), records for lag, counts otherwise.
 
 use crate::engine::{Emission, Millis, PolicyName, Trigger};
-use crate::runtime::{PartitionState, StatusMap};
 use crate::tiers::{ChangeReason, TierCounters};
 use prometheus::core::Collector;
 use prometheus::{
@@ -120,6 +120,31 @@ const STATES: [&str; 7] = [
     "stopped",
     "failed",
 ];
+
+/// What the gauges show of one partition, handed to [`Metrics::refresh`] by the runtime
+/// (from its status board) at scrape time.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PartitionGauges<'a> {
+    /// Input topic (label `topic`).
+    pub topic: &'a str,
+    /// Partition number (label `partition`).
+    pub partition: i32,
+    /// Life-cycle state, one of the values of the `state` label of [`PARTITIONS`]
+    /// (`starting`, `restoring`, `catching_up`, `live`, `stopping`, `stopped`, `failed`). A
+    /// `stopped` partition (revoked or shut down) only counts in [`PARTITIONS`].
+    pub state: &'a str,
+    /// Keys with an open round ([`PENDING_ROUNDS`]).
+    pub pending_rounds: u64,
+    /// Owed emissions not yet acknowledged ([`OUTBOX_SIZE`]).
+    pub outbox_len: u64,
+    /// Changelog records still to replay ([`RESTORE_REMAINING`]).
+    pub restore_remaining: u64,
+    /// Consumer lag in records, where the transport knows it ([`CONSUMER_LAG`]).
+    pub lag: Option<u64>,
+    /// Wall clock minus partition time, ms, once the partition clock runs (not while
+    /// starting or restoring) ([`CLOCK_BEHIND`]).
+    pub clock_behind_ms: Option<Millis>,
+}
 
 /// The metrics of one runtime. Cheap to clone (shared).
 #[derive(Clone)]
@@ -401,10 +426,14 @@ impl Metrics {
         p
     }
 
-    /// Sets the gauges from the runtime's status board `status`, the tier router's
-    /// `counters`, at wall-clock time `now_ms` (ms). Call before encoding a scrape.
-    /// Partitions in state `stopped` (revoked or shut down) have no per-partition gauges.
-    pub fn refresh(&self, status: &StatusMap, counters: &TierCounters, now_ms: Millis) {
+    /// Sets the gauges from `partitions` (one entry per partition the runtime owns or
+    /// owned, from its status board) and the tier router's `counters`. Call before encoding
+    /// a scrape.
+    pub fn refresh<'a>(
+        &self,
+        partitions: impl IntoIterator<Item = PartitionGauges<'a>>,
+        counters: &TierCounters,
+    ) {
         let m = &*self.inner;
         let _guard = m.refreshing.lock().unwrap_or_else(PoisonError::into_inner);
         for g in [
@@ -417,16 +446,15 @@ impl Metrics {
         }
         m.clock_behind.reset();
         let mut by_state = [0_i64; STATES.len()];
-        for s in status.values() {
-            let label = s.state.as_str();
-            if let Some(i) = STATES.iter().position(|l| *l == label) {
+        for s in partitions {
+            if let Some(i) = STATES.iter().position(|l| *l == s.state) {
                 by_state[i] += 1;
             }
-            if s.state == PartitionState::Stopped {
+            if s.state == "stopped" {
                 continue;
             }
             let p = s.partition.to_string();
-            let labels = [s.topic.as_str(), p.as_str()];
+            let labels = [s.topic, p.as_str()];
             let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
             m.pending_rounds
                 .with_label_values(&labels)
@@ -440,14 +468,10 @@ impl Metrics {
             if let Some(lag) = s.lag {
                 m.consumer_lag.with_label_values(&labels).set(gauge(lag));
             }
-            if !matches!(
-                s.state,
-                PartitionState::Starting | PartitionState::Restoring
-            ) {
-                let behind = now_ms.saturating_sub(s.partition_time).max(0);
+            if let Some(behind) = s.clock_behind_ms {
                 m.clock_behind
                     .with_label_values(&labels)
-                    .set(behind as f64 / 1000.0);
+                    .set(behind.max(0) as f64 / 1000.0);
             }
         }
         for (state, n) in STATES.iter().zip(by_state) {
@@ -625,7 +649,6 @@ impl PublishMetrics {
 mod tests {
     use super::*;
     use crate::engine::SessionKey;
-    use crate::runtime::PartitionStatus;
 
     fn sample(text: &str, series: &str) -> Option<f64> {
         text.lines()
@@ -667,20 +690,22 @@ mod tests {
         };
         publisher.published("limited", &e, 3_500);
         publisher.publish_failed("normal");
-        let mut status = StatusMap::new();
-        let mut s = PartitionStatus::starting("uploads", 3);
-        s.state = PartitionState::Live;
-        s.partition_time = 9_000;
-        s.pending_rounds = 7;
-        s.lag = Some(11);
-        status.insert(3, s);
+        let status = [PartitionGauges {
+            topic: "uploads",
+            partition: 3,
+            state: "live",
+            pending_rounds: 7,
+            lag: Some(11),
+            clock_behind_ms: Some(1_500),
+            ..PartitionGauges::default()
+        }];
         let counters = TierCounters {
             demotions: 2,
             recoveries: 1,
             ..TierCounters::default()
         };
-        m.refresh(&status, &counters, 10_500);
-        m.refresh(&status, &counters, 10_500);
+        m.refresh(status.clone(), &counters);
+        m.refresh(status, &counters);
         let text = m.encode();
         let tp = r#"{partition="3",topic="uploads"}"#;
         assert_eq!(sample(&text, &format!("{UPLOADS_CONSUMED}{tp}")), Some(5.0));

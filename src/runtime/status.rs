@@ -5,6 +5,7 @@
 //! a change instead of polling).
 
 use crate::engine::Millis;
+use crate::metrics::PartitionGauges;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tokio::sync::watch;
@@ -114,6 +115,26 @@ impl PartitionStatus {
     /// Stopped with an error.
     pub fn is_failed(&self) -> bool {
         matches!(self.state, PartitionState::Failed(_))
+    }
+
+    /// What the metrics' gauges show of this partition at wall-clock time `now_ms` (ms): the
+    /// runtime hands this to [`Metrics::refresh`](crate::metrics::Metrics::refresh). The
+    /// partition clock is behind only once it runs (not while starting or restoring).
+    pub fn gauges(&self, now_ms: Millis) -> PartitionGauges<'_> {
+        let clock_runs = !matches!(
+            self.state,
+            PartitionState::Starting | PartitionState::Restoring
+        );
+        PartitionGauges {
+            topic: &self.topic,
+            partition: self.partition,
+            state: self.state.as_str(),
+            pending_rounds: self.pending_rounds,
+            outbox_len: self.outbox_len,
+            restore_remaining: self.restore_remaining,
+            lag: self.lag,
+            clock_behind_ms: clock_runs.then(|| now_ms.saturating_sub(self.partition_time).max(0)),
+        }
     }
 }
 
