@@ -25,9 +25,9 @@
 //! Results travel from a child to the parent as `RESULT <name> <value>` lines on stdout;
 //! everything else a child says goes to stderr.
 
+use settle::cli::report::RunStats;
 use settle::codec;
 use settle::engine::{Driver, Engine, Millis, PolicySpec, PolicyTable, SessionKey, Upload};
-use settle::report::RunStats;
 use settle::runtime::{
     Clock, PartitionState, RunSummary, Runtime, RuntimeOptions, StatusBoard, SystemClock,
 };

@@ -143,7 +143,7 @@ fn main() {
     let created = rt.block_on(async {
         tokio::time::timeout(
             Duration::from_secs(20),
-            settle::loadgen::create_topics(&kafka, &[(&topic, 1)]),
+            settle::cli::loadgen::create_topics(&kafka, &[(&topic, 1)]),
         )
         .await
     });

@@ -1,5 +1,5 @@
 //! The seed's noisy-neighbour experiment (SEMANTICS §5) on the real pipeline, no broker:
-//! `settle::noisy` drives the runtime (RocksDB stores, tier router, outbox publisher) on the
+//! `settle::cli::noisy` drives the runtime (RocksDB stores, tier router, outbox publisher) on the
 //! memory transport in real time, three times — the normal tenant alone, both tenants with
 //! tiers, both with one topic — and replays each run's emissions through a simulated worker
 //! pool (100 ms per job, first tier first). It prints when the normal tenant's last job is
@@ -14,7 +14,7 @@
 //! `TIERS_BENCH_PERIOD_MS` (`tiers.period`, default the whole window; `tiers.limit` is always
 //! twice the normal tenant's average emissions per period).
 
-use settle::noisy::{self, CaseRun, NoisyParams};
+use settle::cli::noisy::{self, CaseRun, NoisyParams};
 use settle::tiers::TiersConfig;
 use std::time::Duration;
 

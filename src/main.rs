@@ -1,10 +1,8 @@
-//! The `settle` command line (clap). Each subcommand is a thin shell over a library module.
+//! The `settle` command line (clap): it parses the arguments and dispatches, nothing else.
+//! `settle run` is `settle::service`; every other subcommand is a tool of `settle::cli`.
 
-use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use settle::config::{Config, Transport};
-use settle::engine::Engine;
-use std::io::{BufReader, BufWriter, Write};
+use settle::cli;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -41,10 +39,10 @@ enum Command {
     },
     /// Produce realistic upload traffic to a Kafka topic, or with --nats to JetStream subjects
     /// (the demo's scenarios), for trying settle, tests and benchmarks.
-    Loadgen(settle::loadgen::LoadgenArgs),
+    Loadgen(cli::loadgen::LoadgenArgs),
     /// Print the records of Kafka topics as JSON lines (ready records, tier changes, dead
     /// letters); no consumer group is joined.
-    Consume(settle::consume::ConsumeArgs),
+    Consume(cli::consume::ConsumeArgs),
     /// Run the real runtime on RocksDB with an in-memory broker through the seed's scenarios
     /// (700-way bursts, split uploads, slow trickles, many tenants); about 20 s.
     Demo {
@@ -117,7 +115,7 @@ enum Command {
         config: Option<PathBuf>,
         /// Where the trace comes from.
         #[command(flatten)]
-        source: settle::trace_source::SourceArgs,
+        source: cli::trace_source::SourceArgs,
         /// Where to write the ready records (JSONL); standard output when absent.
         #[arg(long)]
         output: Option<PathBuf>,
@@ -128,7 +126,7 @@ enum Command {
     Tune {
         /// Where the trace comes from.
         #[command(flatten)]
-        source: settle::trace_source::SourceArgs,
+        source: cli::trace_source::SourceArgs,
         /// Config file (TOML) with the broker for --from-kafka/--from-nats (`[kafka]`,
         /// `[nats]`); `SETTLE_*` variables override it. Policies come from --sweep.
         #[arg(long, short = 'c', env = "SETTLE_CONFIG")]
@@ -136,11 +134,11 @@ enum Command {
         /// Settings to replay: POLICY:VALUES groups separated by ';', e.g.
         /// "fixed:5s,1m;leading-trailing:10s;adaptive:5s/10m;learn:off,on;max-wait:none,30m"
         /// (learn: adaptive with learned initial delays).
-        #[arg(long, value_name = "SPEC", default_value = settle::tune::DEFAULT_SWEEP)]
-        sweep: settle::tune::Sweep,
+        #[arg(long, value_name = "SPEC", default_value = cli::tune::DEFAULT_SWEEP)]
+        sweep: cli::tune::Sweep,
         /// Goal of the recommendation: pNN<=DURATION with NN = 50, 90 or 99.
-        #[arg(long, default_value = settle::tune::DEFAULT_GOAL)]
-        goal: settle::tune::Goal,
+        #[arg(long, default_value = cli::tune::DEFAULT_GOAL)]
+        goal: cli::tune::Goal,
         /// Also write the cost/latency chart: FILE.svg (chart) or FILE.html (table and chart).
         #[arg(long, value_name = "FILE")]
         report: Option<PathBuf>,
@@ -185,59 +183,17 @@ fn main() -> ExitCode {
 
 fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
-        Command::Run { config, transport } => {
-            let mut cfg = Config::load(config.as_deref())?;
-            if let Some(t) = transport {
-                cfg.transport = t;
-                cfg.validate()?;
-            }
-            let shown = config
-                .as_deref()
-                .map_or("(defaults)".into(), |p| p.display().to_string());
-            match cfg.transport {
-                Transport::Kafka => {
-                    tracing::info!(
-                        config = %shown,
-                        bootstrap = %cfg.kafka.bootstrap_servers,
-                        group = %cfg.kafka.group_id,
-                        input = %cfg.kafka.input_topic,
-                        changelog = cfg.kafka.changelog().as_deref().unwrap_or("(off)"),
-                        guarantee = ?cfg.kafka.processing_guarantee,
-                        instance = %cfg.kafka.instance_id(),
-                        data_dir = %cfg.store.data_dir.display(),
-                        "settle run starting on kafka"
-                    );
-                    settle::transport::kafka::run(&cfg, &cfg.kafka, &cfg.tiers)?;
-                }
-                Transport::Nats => {
-                    tracing::info!(
-                        config = %shown,
-                        servers = %cfg.nats.servers,
-                        stream = %cfg.nats.input_stream,
-                        instance = cfg.nats.instance,
-                        instances = cfg.nats.instances,
-                        partitions = ?cfg.nats.owned_partitions(),
-                        data_dir = %cfg.store.data_dir.display(),
-                        "settle run starting on nats"
-                    );
-                    settle::transport::nats::run(&cfg, &cfg.nats, &cfg.tiers)?;
-                }
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Run { config, transport } => settle::service::run(config.as_deref(), transport)?,
         Command::Consume(args) => {
-            let report = settle::consume::run(&args, &mut std::io::stdout().lock(), &|| false)?;
+            let report = cli::consume::run(&args, &mut std::io::stdout().lock(), &|| false)?;
             eprintln!("{} record(s)", report.records);
-            Ok(ExitCode::SUCCESS)
         }
         Command::Loadgen(args) => {
-            let report = settle::loadgen::run(&args)?;
+            let report = cli::loadgen::run(&args)?;
             println!("{report}");
-            Ok(if report.failed > 0 {
-                ExitCode::FAILURE
-            } else {
-                ExitCode::SUCCESS
-            })
+            if report.failed > 0 {
+                return Ok(ExitCode::FAILURE);
+            }
         }
         Command::Demo {
             data_dir,
@@ -245,14 +201,13 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             seed,
             no_progress,
         } => {
-            let report = settle::demo::run(settle::demo::DemoArgs {
+            let report = cli::demo::run(cli::demo::DemoArgs {
                 data_dir,
                 partitions,
                 seed,
                 progress: !no_progress,
             })?;
             println!("{report}");
-            Ok(ExitCode::SUCCESS)
         }
         Command::Inspect {
             data_dir,
@@ -264,8 +219,8 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             tenants,
             config,
         } => {
-            settle::inspect::run(
-                settle::inspect::InspectArgs {
+            cli::inspect::run(
+                cli::inspect::InspectArgs {
                     data_dir,
                     topic,
                     partition,
@@ -277,7 +232,6 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                 },
                 &mut std::io::stdout().lock(),
             )?;
-            Ok(ExitCode::SUCCESS)
         }
         Command::RunFile {
             input,
@@ -286,150 +240,29 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             config,
             partitions,
         } => {
-            settle::runtime::run_file::run(settle::runtime::run_file::RunFileArgs {
+            cli::run_file::run(cli::run_file::RunFileArgs {
                 input,
                 data_dir,
                 output,
                 config,
                 partitions,
             })?;
-            Ok(ExitCode::SUCCESS)
         }
         Command::Simulate {
             config,
             source,
             output,
-        } => simulate(config, source, output),
+        } => cli::simulate::command(config.as_deref(), &source, output.as_deref())?,
         Command::Tune {
             source,
             config,
             sweep,
             goal,
             report,
-        } => {
-            // Check the report path before minutes of reading and replay, not after.
-            if let Some(path) = &report {
-                settle::tune::check_report_path(path)?;
-            }
-            let cfg = Config::load(config.as_deref())?;
-            let loaded = settle::trace_source::load(&source, &cfg)?;
-            settle::tune::run_trace(
-                &loaded.source,
-                &loaded.trace,
-                &sweep,
-                goal,
-                report.as_deref(),
-                &mut std::io::stdout().lock(),
-            )?;
-            Ok(ExitCode::SUCCESS)
-        }
+        } => cli::tune::command(&source, config.as_deref(), &sweep, goal, report.as_deref())?,
         Command::CheckConfig { file } => {
-            let cfg = Config::load(Some(&file))?;
-            println!("{}: ok", file.display());
-            let table = cfg.policy_table();
-            println!(
-                "debounce: policy {} ({} tenant override(s))",
-                table.default.name.as_str(),
-                table.tenants.len()
-            );
-            println!("transport: {} (settle run)", cfg.transport.as_str());
-            if cfg.admin.enabled {
-                println!(
-                    "admin: http://{} (/metrics /healthz /readyz /v1/...)",
-                    cfg.admin.listen
-                );
-            } else {
-                println!("admin: disabled");
-            }
-            let k = &cfg.kafka;
-            println!(
-                "kafka: {} group {} input {} dead-letter {} changelog {} guarantee {} instance {}",
-                k.bootstrap_servers,
-                k.group_id,
-                k.input_topic,
-                k.dead_letter_topic,
-                k.changelog().as_deref().unwrap_or("(off)"),
-                match k.processing_guarantee {
-                    settle::transport::kafka::ProcessingGuarantee::AtLeastOnce => "at-least-once",
-                    settle::transport::kafka::ProcessingGuarantee::ExactlyOnce => "exactly-once",
-                },
-                k.instance_id(),
-            );
-            let n = &cfg.nats;
-            println!(
-                "nats: {} input {} (subjects {}.0 to .{}) output {} dead-letter {}; instance {} of {} owns partitions {:?}",
-                n.servers,
-                n.input_stream,
-                n.input_subject_prefix,
-                n.partitions.saturating_sub(1),
-                n.output_stream,
-                n.dead_letter_subject,
-                n.instance,
-                n.instances,
-                n.owned_partitions()
-            );
-            let tiers: Vec<String> = cfg
-                .tiers
-                .tiers
-                .iter()
-                .map(|t| format!("{} -> {}", t.name, t.topic))
-                .collect();
-            println!(
-                "tiers: {} (limit {} per {})",
-                tiers.join(", "),
-                cfg.tiers.limit,
-                humantime::format_duration(cfg.tiers.period)
-            );
-            Ok(ExitCode::SUCCESS)
+            cli::check_config::run(&file, &mut std::io::stdout().lock())?
         }
     }
-}
-
-fn simulate(
-    config: Option<PathBuf>,
-    source: settle::trace_source::SourceArgs,
-    output: Option<PathBuf>,
-) -> anyhow::Result<ExitCode> {
-    let cfg = Config::load(config.as_deref())?;
-    let engine = Engine::new(cfg.policy_table());
-    let mut out: Box<dyn Write> = match &output {
-        Some(p) => Box::new(BufWriter::new(
-            std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?,
-        )),
-        None => Box::new(BufWriter::new(std::io::stdout().lock())),
-    };
-    let stats = match &source.choice.input {
-        // A file streams through the engine line by line.
-        Some(input)
-            if source.since.is_none() && source.until.is_none() && source.topic.is_none() =>
-        {
-            let reader = BufReader::new(
-                std::fs::File::open(input)
-                    .with_context(|| format!("cannot open {}", input.display()))?,
-            );
-            settle::simulate::replay_to_jsonl(engine, reader, &mut out, |e| {
-                eprintln!("{}: skipped {e}", input.display());
-            })?
-        }
-        _ => {
-            let loaded = settle::trace_source::load(&source, &cfg)?;
-            let mut written = Ok(());
-            let stats = settle::tune::replay_trace(engine, &loaded.trace, |e| {
-                if written.is_ok() {
-                    written = out
-                        .write_all(&settle::codec::encode_ready(
-                            e,
-                            e.due_at,
-                            settle::simulate::SIMULATED_TIER,
-                        ))
-                        .and_then(|()| out.write_all(b"\n"));
-                }
-            });
-            written.context("cannot write the ready records")?;
-            stats
-        }
-    };
-    out.flush()?;
-    eprintln!("{stats}");
     Ok(ExitCode::SUCCESS)
 }

@@ -33,8 +33,8 @@
 //! stores are consistent at every commit, so an abort loses nothing committed). Then the
 //! tier-events task publishes the tier changes still owed within what is left of the
 //! deadline (at most a quarter of it) and writes `tiers.json` a last time.
-//! [`shutdown_on_signals`] cancels the token on the first SIGINT/SIGTERM and exits the
-//! process at once on the second. A revocation stops the revoked partitions the same way
+//! `settle run` and `run-file` cancel the token on the first SIGINT/SIGTERM and exit the
+//! process at once on the second (`crate::service::signals`). A revocation stops the revoked partitions the same way
 //! before the source is told they are done.
 
 pub mod clock;
@@ -45,7 +45,6 @@ pub mod partition;
 pub mod progress;
 pub mod publisher;
 pub mod restore;
-pub mod run_file;
 pub mod status;
 pub mod throttle;
 pub mod tier_events;
@@ -505,29 +504,4 @@ pub fn block_on<F: std::future::Future>(future: F) -> anyhow::Result<F::Output> 
         .build()
         .map_err(|e| anyhow::anyhow!("cannot start the tokio runtime: {e}"))?;
     Ok(rt.block_on(future))
-}
-
-/// Cancels `token` on the first SIGINT or SIGTERM (graceful stop) and exits the process with
-/// status 130 on the second. Returns the listening task.
-///
-/// Errors: the signal handlers cannot be installed.
-pub fn shutdown_on_signals(token: CancellationToken) -> std::io::Result<JoinHandle<()>> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut int = signal(SignalKind::interrupt())?;
-    let mut term = signal(SignalKind::terminate())?;
-    Ok(tokio::spawn(async move {
-        for n in 0.. {
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
-            }
-            if n == 0 {
-                tracing::info!("signal received: stopping (a second signal exits at once)");
-                token.cancel();
-            } else {
-                tracing::warn!("second signal: exiting now");
-                std::process::exit(130);
-            }
-        }
-    }))
 }

@@ -1,4 +1,4 @@
-//! The admin server of `settle run` on a real Kafka broker: `transport::kafka::run_until`
+//! The admin server of `settle run` on a real Kafka broker: `service::run_until`
 //! (what `settle run` runs) with `[admin]` on a loopback port. `/metrics` is scraped until the
 //! uploads are consumed and the rounds emitted; its counters match what was produced, what the
 //! output topic holds and the dead letters; the consumer lag (from the high watermark the
@@ -15,8 +15,8 @@ use admin_support::{try_get, Scrape};
 use anyhow::{ensure, Result};
 use kafka_support::{broker, emitted, now_ms};
 use serde_json::Value;
+use settle::cli::loadgen::{self, OutRecord};
 use settle::config::Config;
-use settle::loadgen::{self, OutRecord};
 use settle::metrics;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -111,10 +111,7 @@ async fn kafka_run_serves_metrics_that_match_the_topics() -> Result<()> {
     let shutdown = CancellationToken::new();
     let run = {
         let (config, shutdown) = (config.clone(), shutdown.clone());
-        tokio::spawn(async move {
-            settle::transport::kafka::run_until(&config, &config.kafka, &config.tiers, shutdown)
-                .await
-        })
+        tokio::spawn(async move { settle::service::run_until(&config, shutdown).await })
     };
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
 

@@ -6,7 +6,7 @@
 //! than twice (once before the kill, once re-published from the outbox after it).
 //!
 //! Needs `src/main.rs` to dispatch the hidden `run-file` subcommand to
-//! `settle::runtime::run_file::run`.
+//! `settle::cli::run_file::run`.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -85,7 +85,7 @@ fn expected(trace: &Path, config: &Path) -> Vec<Emission> {
     let cfg = Config::load(Some(config)).unwrap();
     let mut out = Vec::new();
     let reader = std::io::BufReader::new(std::fs::File::open(trace).unwrap());
-    settle::simulate::replay(
+    settle::cli::simulate::replay(
         Engine::new(cfg.policy_table()),
         reader,
         |e| {

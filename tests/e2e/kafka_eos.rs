@@ -144,7 +144,7 @@ fn exactly_once_a_crash_between_produce_and_commit_shows_no_duplicate() -> Resul
         "A's uncommitted transaction produced ready records before the crash"
     );
     // A's earlier transactions (the uploads applied, rounds pending) are on the changelog.
-    let changelog = rt.block_on(settle::loadgen::read_topic(
+    let changelog = rt.block_on(settle::cli::loadgen::read_topic(
         &kafka,
         "eos.changelog",
         1,

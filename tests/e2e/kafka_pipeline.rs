@@ -25,9 +25,9 @@ use kafka_support::{broker, by_id, emitted, now_ms, reference, same_emissions, t
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use running_support::Running;
+use settle::cli::loadgen::{self, OutRecord, Scenario, Shape, TopicRecord};
 use settle::config::Config;
 use settle::engine::{Emission, Engine, Trigger};
-use settle::loadgen::{self, OutRecord, Scenario, Shape, TopicRecord};
 use settle::runtime::{Runtime, RuntimeOptions, SystemClock};
 use settle::transport::kafka::{
     KafkaConfig, KafkaSink, KafkaSource, DLQ_REASON_HEADER, DLQ_SOURCE_OFFSET_HEADER,
@@ -578,7 +578,7 @@ async fn kafka_loadgen_trace_is_what_the_topic_holds() -> Result<()> {
     }
     ensure!(lines as u64 == report.produced, "{lines} trace lines");
     let mut rejected = 0;
-    let stats = settle::simulate::replay(
+    let stats = settle::cli::simulate::replay(
         Engine::new(setup.config.policy_table()),
         text.as_bytes(),
         |_| Ok(()),
@@ -700,9 +700,9 @@ async fn kafka_measure_throughput_and_lateness() -> Result<()> {
     // Timer triggers (trailing, max_wait): due_at is a deadline, lateness is the timer path.
     // Immediate triggers (leading, complete, final): due_at is the upload's own timestamp, so
     // lateness is the whole produce -> broker -> fetch -> apply -> publish path.
-    let mut all = settle::report::RunStats::new();
-    let mut timers = settle::report::RunStats::new();
-    let mut immediate = settle::report::RunStats::new();
+    let mut all = settle::cli::report::RunStats::new();
+    let mut timers = settle::cli::report::RunStats::new();
+    let mut immediate = settle::cli::report::RunStats::new();
     for (e, emitted_at) in &emitted {
         all.record_emission(e, *emitted_at);
         match e.trigger {
@@ -710,7 +710,7 @@ async fn kafka_measure_throughput_and_lateness() -> Result<()> {
             _ => immediate.record_emission(e, *emitted_at),
         }
     }
-    let p = |s: &settle::report::RunStats| {
+    let p = |s: &settle::cli::report::RunStats| {
         let l = s.lateness();
         format!(
             "{} emissions: p50 {} ms, p99 {} ms, max {} ms",

@@ -64,9 +64,9 @@ use process_support::{
     json_log, send_sigterm, start_run_logged, wait_exit, wait_for_rounds_of, wait_sigterm_exit,
     JsonLog,
 };
+use settle::cli::loadgen;
 use settle::config::Config;
 use settle::engine::Emission;
-use settle::loadgen;
 use settle::transport::kafka::KafkaConfig;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

@@ -11,7 +11,7 @@ use crate::kafka_support;
 
 use anyhow::{bail, ensure, Context as _, Result};
 use kafka_support::broker;
-use settle::loadgen::{self, OutRecord};
+use settle::cli::loadgen::{self, OutRecord};
 use settle::transport::kafka::{
     KafkaConfig, KafkaInput, KafkaSink, KafkaSource, DLQ_REASON_HEADER, DLQ_SOURCE_OFFSET_HEADER,
     DLQ_SOURCE_PARTITION_HEADER, DLQ_SOURCE_TOPIC_HEADER,

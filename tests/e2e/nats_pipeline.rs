@@ -27,10 +27,10 @@ use kafka_support::{by_id, reference, same_emissions};
 use nats_support::{server, trace_of, Setup, STEP};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use settle::cli::loadgen::{self, PlannedUpload, Scenario, Shape};
 use settle::codec;
 use settle::config::Config;
 use settle::engine::Emission;
-use settle::loadgen::{self, PlannedUpload, Scenario, Shape};
 use settle::transport::kafka::{
     DLQ_REASON_HEADER, DLQ_SOURCE_OFFSET_HEADER, DLQ_SOURCE_PARTITION_HEADER,
     DLQ_SOURCE_TOPIC_HEADER,

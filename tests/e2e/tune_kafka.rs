@@ -12,12 +12,12 @@ use crate::kafka_support;
 
 use anyhow::{ensure, Context as _, Result};
 use kafka_support::{broker, now_ms};
+use settle::cli::loadgen::{self, OutRecord};
+use settle::cli::trace_source::{read_kafka, TimeRange};
+use settle::cli::tune::{describe, Goal, Sweep, Trace, TuneReport};
 use settle::codec;
 use settle::engine::{Millis, PolicySpec};
-use settle::loadgen::{self, OutRecord};
-use settle::trace_source::{read_kafka, TimeRange};
 use settle::transport::kafka::KafkaConfig;
-use settle::tune::{describe, Goal, Sweep, Trace, TuneReport};
 use std::process::Command;
 
 const PARTITIONS: i32 = 3;

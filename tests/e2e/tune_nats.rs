@@ -10,9 +10,9 @@ use crate::nats_support;
 
 use anyhow::{ensure, Result};
 use nats_support::{server, Setup, STEP};
+use settle::cli::trace_source::{read_nats, TimeRange};
 use settle::codec;
 use settle::engine::Millis;
-use settle::trace_source::{read_nats, TimeRange};
 use settle::transport::nats::{self, Storage};
 use tokio::process::Command;
 

@@ -5,8 +5,8 @@
 use crate::runtime_support;
 
 use runtime_support::*;
+use settle::cli::inspect::{self, InspectArgs};
 use settle::engine::{Millis, PolicySpec, SessionKey, Upload};
-use settle::inspect::{self, InspectArgs};
 
 fn spec() -> PolicySpec {
     PolicySpec::adaptive(5_000, 600_000).with_learned_initial_delay(true)

@@ -1,7 +1,7 @@
 //! `settle demo` end to end: the real runtime on RocksDB and the memory transport, in real
 //! time (about 20 s). Checks the figures the demo table shows.
 
-use settle::demo::{self, DemoArgs};
+use settle::cli::demo::{self, DemoArgs};
 use settle::engine::Trigger;
 
 #[test]

@@ -177,8 +177,8 @@ async fn a_dirty_store_is_kept_unless_another_writer_appended_and_a_clean_restar
         assert_eq!(store.changelog_checkpoint(), Some(logged as i64));
     }
     let mut shown = Vec::new();
-    settle::inspect::run(
-        settle::inspect::InspectArgs::new(dir.path().to_path_buf()),
+    settle::cli::inspect::run(
+        settle::cli::inspect::InspectArgs::new(dir.path().to_path_buf()),
         &mut shown,
     )
     .unwrap();

@@ -4,8 +4,8 @@
 use crate::runtime_support;
 
 use runtime_support::*;
+use settle::cli::inspect::{self, InspectArgs};
 use settle::engine::{PolicySpec, SessionKey};
-use settle::inspect::{self, InspectArgs};
 
 #[tokio::test(start_paused = true)]
 async fn inspect_reports_offsets_rounds_outbox_and_a_session() {

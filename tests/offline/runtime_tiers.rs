@@ -7,8 +7,8 @@
 use crate::runtime_support;
 
 use runtime_support::*;
+use settle::cli::inspect::{self, InspectArgs};
 use settle::engine::{Millis, PolicySpec};
-use settle::inspect::{self, InspectArgs};
 use settle::runtime::{read_snapshot, Clock, RuntimeOptions, StatusMap, TokioClock};
 use settle::tiers::{ChangeReason, TierChange, TiersConfig};
 use settle::transport::memory::MemoryBroker;

@@ -1,7 +1,7 @@
 //! The `--sweep` grammar: what it expands to, and errors that name the bad token.
 
+use settle::cli::tune::{describe, SpecError, Sweep, DEFAULT_SWEEP};
 use settle::engine::PolicySpec;
-use settle::tune::{describe, SpecError, Sweep, DEFAULT_SWEEP};
 
 fn labels(spec: &str) -> Vec<String> {
     let sweep: Sweep = spec.parse().unwrap();

@@ -4,10 +4,10 @@
 //! Pareto marks of a small hand-checked sweep with a learned setting, and the chart naming
 //! the learned settings.
 
+use settle::cli::tune::{self, describe, Goal, Sweep, Trace, TuneArgs, TuneReport, X_AXIS, Y_AXIS};
 use settle::engine::{
     Driver, Engine, MemTable, Millis, PolicySpec, PolicyTable, SessionKey, Upload,
 };
-use settle::tune::{self, describe, Goal, Sweep, Trace, TuneArgs, TuneReport, X_AXIS, Y_AXIS};
 use std::path::PathBuf;
 
 /// 2026-01-01T00:00:00Z in ms.

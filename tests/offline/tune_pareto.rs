@@ -1,7 +1,7 @@
 //! Pareto marks and the recommendation on a small trace checked by hand.
 
+use settle::cli::tune::{describe, Goal, Sweep, Trace, TuneReport};
 use settle::engine::{SessionKey, Upload};
-use settle::tune::{describe, Goal, Sweep, Trace, TuneReport};
 
 /// Key `t/a` uploads at 0 s and 4 s; key `t/b` uploads once at 100 s.
 fn trace() -> Trace {

@@ -1,7 +1,7 @@
 //! `settle tune --report`: the SVG chart is well-formed and names both axes; the HTML page
 //! holds the table and the chart.
 
-use settle::tune::{self, describe, Goal, Sweep, TuneArgs, TuneReport, X_AXIS, Y_AXIS};
+use settle::cli::tune::{self, describe, Goal, Sweep, TuneArgs, TuneReport, X_AXIS, Y_AXIS};
 use std::path::PathBuf;
 
 fn run_with_report(file_name: &str) -> (TuneReport, String) {

@@ -1,10 +1,10 @@
 //! `settle tune` on the bundled seed traces: every setting of the sweep is listed, and each
 //! row's figures equal a direct `simulate::replay` of the same setting.
 
+use settle::cli::report::{human_ms, RunStats};
+use settle::cli::simulate;
+use settle::cli::tune::{self, describe, Goal, Sweep, TuneArgs};
 use settle::engine::{Engine, PolicyTable};
-use settle::report::{human_ms, RunStats};
-use settle::simulate;
-use settle::tune::{self, describe, Goal, Sweep, TuneArgs};
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
 

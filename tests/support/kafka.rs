@@ -3,10 +3,10 @@
 #![allow(dead_code)]
 
 use anyhow::{ensure, Context as _, Result};
+use settle::cli::loadgen::{self, TopicRecord};
 use settle::codec;
 use settle::config::Config;
 use settle::engine::{Emission, Engine};
-use settle::loadgen::{self, TopicRecord};
 use settle::transport::kafka::KafkaConfig;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -70,7 +70,7 @@ pub fn trace_of(input: &[TopicRecord]) -> Result<String> {
 pub fn reference(config: &Config, trace: &str) -> Result<Vec<Emission>> {
     let mut out = Vec::new();
     let mut rejected = Vec::new();
-    settle::simulate::replay(
+    settle::cli::simulate::replay(
         Engine::new(config.policy_table()),
         trace.as_bytes(),
         |e| {

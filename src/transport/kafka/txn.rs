@@ -46,7 +46,7 @@ pub(crate) struct Eos {
     config: KafkaConfig,
     health: Arc<Health>,
     instance: Arc<str>,
-    /// The consumer-group member, for `send_offsets_to_transaction` (set by `run_until`).
+    /// The consumer-group member, for `send_offsets_to_transaction` (set by `service::run_until`).
     group: OnceLock<Weak<GroupConsumer>>,
 }
 

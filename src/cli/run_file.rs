@@ -7,9 +7,10 @@
 //! Trace format: the `settle simulate` one (an upload record per line plus `"ts"`, epoch ms
 //! or RFC 3339, used as the record timestamp, and an optional `"partition"`).
 
-use super::{shutdown_on_signals, Runtime, RuntimeOptions, SystemClock};
 use crate::config::Config;
 use crate::engine::Engine;
+use crate::runtime::{Runtime, RuntimeOptions, SystemClock};
+use crate::service::shutdown_on_signals;
 use crate::transport::memory::MemoryBroker;
 use anyhow::Context;
 use std::path::PathBuf;
@@ -54,7 +55,7 @@ pub struct RunFileReport {
 ///
 /// Errors: the config, trace or output cannot be read/opened, or a partition failed.
 pub fn run(args: RunFileArgs) -> anyhow::Result<RunFileReport> {
-    super::block_on(run_async(args))?
+    crate::runtime::block_on(run_async(args))?
 }
 
 async fn run_async(args: RunFileArgs) -> anyhow::Result<RunFileReport> {

@@ -16,9 +16,9 @@
 //! The report per scenario: uploads, emissions, coalescing ratio, time-to-ready p50/p99 and
 //! lateness p99 ([`RunStats`]), plus how many sessions got exactly one emission.
 
+use super::report::{human_ms, RunStats};
 use crate::codec;
 use crate::engine::{Engine, PolicySpec, PolicyTable};
-use crate::report::{human_ms, RunStats};
 use crate::runtime::{Clock, Runtime, RuntimeOptions, SystemClock};
 use crate::transport::memory::MemoryBroker;
 use anyhow::Context;
@@ -196,7 +196,7 @@ pub async fn run_async(args: DemoArgs) -> anyhow::Result<DemoReport> {
     let runtime_task = tokio::spawn(runtime.run(broker.source("settle-demo"), shutdown.clone()));
 
     let plan = schedule(args.seed);
-    let bar = crate::loadgen::progress_bar(args.progress, plan.len() as u64);
+    let bar = super::progress_bar(args.progress, plan.len() as u64);
     let mut uploads = [0u64; SCENARIOS.len()];
     let mut sessions: [HashSet<String>; SCENARIOS.len()] = Default::default();
     let start = tokio::time::Instant::now();

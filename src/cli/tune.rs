@@ -13,22 +13,22 @@
 //! * rows come out in sweep order whatever the thread scheduling;
 //! * the trace source is an iterator of [`Upload`]s ([`Trace::from_uploads`]): a JSONL file
 //!   ([`Trace::read_jsonl`]) or the input topic / stream of a broker over a time range
-//!   (`--from-kafka`, `--from-nats`: `crate::trace_source`).
+//!   (`--from-kafka`, `--from-nats`: `crate::cli::trace_source`).
 //!
 //! One policy applies to every tenant of the trace (`PolicyTable::uniform`), with the default
 //! `state-ttl` (24 h). An `adaptive` setting with `learn` starts each tenant's learning from
 //! nothing at the start of the trace (`engine::learn`).
 
-use crate::engine::{
-    Applied, Driver, Emission, Engine, MemTable, Millis, PolicyName, PolicySpec, PolicyTable,
-    Upload,
-};
-use crate::report::{human_ms, RunStats};
-use crate::simulate::{parse_trace_line, TraceError};
+pub use super::simulate::replay_trace;
+pub use super::trace::{read_trace_file, Trace, MAX_REJECTED_KEPT};
+use crate::engine::{Engine, Millis, PolicyName, PolicySpec, PolicyTable};
+
+use super::trace_source::SourceArgs;
+
+use super::report::{human_ms, RunStats};
 use anyhow::Context;
-use std::collections::BTreeMap;
 use std::fmt;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -391,106 +391,6 @@ impl fmt::Display for Goal {
             humantime::format_duration(Duration::from_millis(self.limit_ms))
         )
     }
-}
-
-/// Most unusable inputs a [`Trace`] keeps with their error (all are counted).
-pub const MAX_REJECTED_KEPT: usize = 100;
-
-/// A trace held in memory so that every setting replays the same uploads.
-#[derive(Debug, Default)]
-pub struct Trace {
-    /// Usable uploads, in input order (event time = the line's `ts` or the record's
-    /// timestamp).
-    pub uploads: Vec<Upload>,
-    /// The first [`MAX_REJECTED_KEPT`] inputs that could not be used (reported, skipped, as
-    /// `settle simulate` skips bad lines), with why.
-    pub rejected: Vec<TraceError>,
-    /// Every unusable input, counted by [`TraceError::reason`].
-    pub rejected_by_reason: BTreeMap<&'static str, u64>,
-}
-
-impl Trace {
-    /// A trace from any source of uploads in arrival order (a file, a broker).
-    pub fn from_uploads(uploads: impl IntoIterator<Item = Upload>) -> Self {
-        Trace {
-            uploads: uploads.into_iter().collect(),
-            ..Trace::default()
-        }
-    }
-
-    /// Reads a JSONL trace (format of `simulate`: an upload record plus `ts`). Bad lines go
-    /// to [`Trace::reject`]; only I/O errors fail.
-    pub fn read_jsonl(input: impl BufRead) -> std::io::Result<Self> {
-        let mut trace = Trace::default();
-        for (i, text) in input.lines().enumerate() {
-            match parse_trace_line(&text?, i + 1) {
-                Ok(Some(line)) => trace.uploads.push(line.upload),
-                Ok(None) => {}
-                Err(e) => trace.reject(e),
-            }
-        }
-        Ok(trace)
-    }
-
-    /// Counts an unusable input; keeps it while fewer than [`MAX_REJECTED_KEPT`] are kept.
-    pub fn reject(&mut self, e: TraceError) {
-        *self.rejected_by_reason.entry(e.reason()).or_default() += 1;
-        if self.rejected.len() < MAX_REJECTED_KEPT {
-            self.rejected.push(e);
-        }
-    }
-
-    /// How many inputs could not be used.
-    pub fn rejected_count(&self) -> u64 {
-        self.rejected_by_reason.values().sum()
-    }
-
-    /// The rejected inputs by reason, `invalid_json 3, missing_tenant 1`; `none` if none.
-    pub fn rejected_summary(&self) -> String {
-        if self.rejected_by_reason.is_empty() {
-            return "none".to_owned();
-        }
-        let parts: Vec<String> = self
-            .rejected_by_reason
-            .iter()
-            .map(|(reason, n)| format!("{reason} {n}"))
-            .collect();
-        parts.join(", ")
-    }
-}
-
-/// Replays `trace` through `engine` the way `simulate::replay` does (partition time = the
-/// largest event time seen, every pending round fires at end of input, `emitted_at = due_at`),
-/// handing each emission to `emit` in order. `RunStats::rejected` = the trace's unusable
-/// inputs.
-pub fn replay_trace(engine: Engine, trace: &Trace, mut emit: impl FnMut(&Emission)) -> RunStats {
-    let mut driver = Driver::new(engine);
-    let mut table = MemTable::new();
-    let mut stats = RunStats::new();
-    stats.rejected = trace.rejected_count();
-    let mut out = Vec::new();
-    let mut flush = |out: &mut Vec<Emission>, stats: &mut RunStats| {
-        for e in out.drain(..) {
-            stats.record_emission(&e, e.due_at);
-            emit(&e);
-        }
-    };
-    let mut now = Millis::MIN;
-    for upload in &trace.uploads {
-        now = now.max(upload.event_time);
-        stats.uploads += 1;
-        let Ok(applied) = driver.apply(&mut table, now, upload, &mut out);
-        match applied {
-            Applied::Late => stats.late += 1,
-            Applied::Redelivered => stats.redelivered += 1,
-            Applied::OnTime => {}
-        }
-        flush(&mut out, &mut stats);
-    }
-    // End of input: every pending round fires (the horizon `simulate::replay` uses).
-    let Ok(_) = driver.advance(&mut table, Millis::MAX / 4, &mut out);
-    flush(&mut out, &mut stats);
-    stats
 }
 
 /// One setting's result.
@@ -969,18 +869,33 @@ pub fn run(args: TuneArgs, out: &mut impl Write) -> anyhow::Result<TuneReport> {
     )
 }
 
-/// Reads a JSONL trace file, logging each kept unusable line as a warning.
+/// `settle tune` as the command line has it: checks the `report` path first (before
+/// minutes of reading and replay), loads the config (`config`, `SETTLE_*` variables) for
+/// the broker of a `--from-kafka`/`--from-nats` source, reads the trace of `source`, and
+/// runs [`run_trace`] with the table and verdict on standard output.
 ///
-/// Errors: the file cannot be opened or read.
-pub fn read_trace_file(path: &Path) -> anyhow::Result<Trace> {
-    let file =
-        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let trace = Trace::read_jsonl(BufReader::new(file))
-        .with_context(|| format!("cannot read {}", path.display()))?;
-    for e in &trace.rejected {
-        tracing::warn!(input = %path.display(), "skipped {e}");
+/// Errors: as [`run_trace`], plus an invalid config or a trace that cannot be read.
+pub fn command(
+    source: &SourceArgs,
+    config: Option<&Path>,
+    sweep: &Sweep,
+    goal: Goal,
+    report: Option<&Path>,
+) -> anyhow::Result<()> {
+    if let Some(path) = report {
+        check_report_path(path)?;
     }
-    Ok(trace)
+    let cfg = crate::config::Config::load(config)?;
+    let loaded = super::trace_source::load(source, &cfg)?;
+    run_trace(
+        &loaded.source,
+        &loaded.trace,
+        sweep,
+        goal,
+        report,
+        &mut std::io::stdout().lock(),
+    )?;
+    Ok(())
 }
 
 /// `settle tune` on a trace already read from `source` (a file name, or a broker, topic and

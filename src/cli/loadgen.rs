@@ -1,6 +1,7 @@
 //! `settle loadgen`: realistic upload traffic into the Kafka input topic (or, with `--nats`,
-//! the NATS JetStream input subjects), and the Kafka tooling around it (create topics,
-//! produce and read records back).
+//! the NATS JetStream input subjects). The scenarios are [`crate::cli::scenario`]'s; the
+//! Kafka tooling (create topics, produce and read records back) is
+//! `crate::transport::kafka::topics`.
 //!
 //! # Scenarios
 //!
@@ -15,7 +16,7 @@
 //! | `trickle` | a slow sender: `trickle-uploads` (5) uploads, 2–3 s apart |
 //! | `tenants` | a small burst of `tenant-uploads` (10) within 600 ms; sessions spread over many tenants |
 //! | `mix` | each session one of the above, weighted so uploads split 40/20/10/30 % |
-//! | `noisy` | the seed's noisy-neighbour experiment ([`crate::noisy`]): 100 `tenants`-shaped sessions of `normal-co` and 1 000 of `noisy-co`, all starting within `--duration`, so both tenants finish at about the same time |
+//! | `noisy` | the seed's noisy-neighbour experiment ([`crate::cli::noisy`]): 100 `tenants`-shaped sessions of `normal-co` and 1 000 of `noisy-co`, all starting within `--duration`, so both tenants finish at about the same time |
 //!
 //! `noisy` is a fixed plan: `--rate`, `--tenants`, `--sessions` and `--burst-machines` do not
 //! apply; `--duration` is its window (10 s in `benches/tiers.rs`) and `--seed` its seed. Its
@@ -52,203 +53,29 @@
 //! upload). That is the `settle simulate` trace format, so a run can be replayed offline and
 //! compared with what settle emitted.
 
+pub use super::scenario::{upload_json, PlannedUpload, Scenario, Shape, SCENARIOS};
+/// The Kafka tooling around the load generator (create topics, produce and read records
+/// back, a group's committed offsets), for its users: it lives in the transport.
+pub use crate::transport::kafka::{
+    committed_offsets, create_topics, partition_count, produce_all, read_topic, Delivered,
+    OutRecord, TopicRecord,
+};
+
+use super::{parse_property, progress_bar};
 use crate::transport::kafka::{KafkaConfig, LogContext, Role};
 use crate::transport::nats::{self, NatsConfig};
-use anyhow::{anyhow, Context as _};
+use anyhow::Context as _;
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
-use rdkafka::error::KafkaError;
-use rdkafka::message::{Headers as _, Message as _};
+use rand::SeedableRng;
+use rdkafka::consumer::BaseConsumer;
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::types::RDKafkaErrorCode;
-use rdkafka::{Offset, TopicPartitionList};
-use std::collections::BTreeSet;
 use std::collections::BinaryHeap;
 use std::fmt;
 use std::io::Write;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
-
-// ---------------------------------------------------------------------------------------------
-// Scenarios
-
-/// A traffic shape (module docs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum)]
-pub enum Scenario {
-    /// 700 machines upload into one session within 1.5 s.
-    Burst,
-    /// One upload in 2 requests (`part` 1/2, 2/2) 300 ms apart.
-    Split,
-    /// A slow sender: 5 uploads 2–3 s apart.
-    Trickle,
-    /// Small bursts (10 uploads within 600 ms) spread over many tenants.
-    Tenants,
-    /// Each session one of the above (uploads split 40/20/10/30 %).
-    Mix,
-    /// The noisy-neighbour experiment: 100 sessions of `normal-co` and 1 000 of `noisy-co`
-    /// within `--duration` (SEMANTICS §5, [`crate::noisy`]).
-    Noisy,
-}
-
-/// The four pure scenarios, in the order of the module table.
-pub const SCENARIOS: [Scenario; 4] = [
-    Scenario::Burst,
-    Scenario::Split,
-    Scenario::Trickle,
-    Scenario::Tenants,
-];
-
-/// Share of uploads of each pure scenario in [`Scenario::Mix`], in [`SCENARIOS`] order.
-const MIX_UPLOAD_SHARE: [f64; 4] = [0.4, 0.2, 0.1, 0.3];
-
-/// Sizes of the scenarios (defaults: the demo's, in real time).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Shape {
-    /// Uploads of a `burst` session (one per CI machine).
-    pub burst_machines: u32,
-    /// Time a `burst` session's uploads spread over (ms).
-    pub burst_spread_ms: u64,
-    /// Time between the 2 parts of a `split` upload (ms).
-    pub split_gap_ms: u64,
-    /// Uploads of a `trickle` session.
-    pub trickle_uploads: u32,
-    /// Gap between two `trickle` uploads: drawn from this range (ms).
-    pub trickle_gap_ms: std::ops::Range<u64>,
-    /// Uploads of a `tenants` session.
-    pub tenant_uploads: u32,
-    /// Time a `tenants` session's uploads spread over (ms).
-    pub tenant_spread_ms: u64,
-}
-
-impl Default for Shape {
-    fn default() -> Self {
-        Shape {
-            burst_machines: 700,
-            burst_spread_ms: 1_500,
-            split_gap_ms: 300,
-            trickle_uploads: 5,
-            trickle_gap_ms: 2_000..3_000,
-            tenant_uploads: 10,
-            tenant_spread_ms: 600,
-        }
-    }
-}
-
-/// One upload of a session: `at_ms` after the session's start.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PlannedUpload {
-    /// Time after the session's start (ms).
-    pub at_ms: u64,
-    /// Record key, `tenant/session`.
-    pub key: String,
-    /// The upload record (SEMANTICS §2).
-    pub json: String,
-}
-
-/// An upload record (SEMANTICS §2) with `event_id` and `extra` (`,"field":value...` or empty)
-/// appended inside the object.
-pub fn upload_json(tenant: &str, session: &str, event_id: &str, extra: &str) -> String {
-    format!(r#"{{"tenant":"{tenant}","session":"{session}","event_id":"{event_id}"{extra}}}"#)
-}
-
-impl Scenario {
-    /// Mean uploads of one session.
-    pub fn uploads_per_session(self, shape: &Shape) -> f64 {
-        match self {
-            Scenario::Burst => f64::from(shape.burst_machines),
-            Scenario::Split => 2.0,
-            Scenario::Trickle => f64::from(shape.trickle_uploads),
-            Scenario::Tenants | Scenario::Noisy => f64::from(shape.tenant_uploads),
-            Scenario::Mix => 1.0 / mix_weights(shape).iter().map(|(_, w)| w).sum::<f64>(),
-        }
-    }
-
-    /// The pure scenario of one session: `self`, or for [`Scenario::Mix`] one drawn from
-    /// `rng` (sessions weighted so uploads split as documented).
-    pub fn pick(self, rng: &mut impl Rng, shape: &Shape) -> Scenario {
-        if self != Scenario::Mix {
-            return self;
-        }
-        let weights = mix_weights(shape);
-        let total: f64 = weights.iter().map(|(_, w)| w).sum();
-        let mut x = rng.random_range(0.0..total);
-        for (scenario, w) in weights {
-            if x < w {
-                return scenario;
-            }
-            x -= w;
-        }
-        Scenario::Tenants
-    }
-
-    /// The uploads of one session of `tenant/session`, sorted by time, times relative to the
-    /// session's start. Draws from `rng` exactly as `settle demo`'s schedule does for one
-    /// session (its start time is the caller's draw). [`Scenario::Mix`] picks first.
-    pub fn session(
-        self,
-        rng: &mut impl Rng,
-        tenant: &str,
-        session: &str,
-        shape: &Shape,
-    ) -> Vec<PlannedUpload> {
-        let key = format!("{tenant}/{session}");
-        let upload = |at_ms: u64, id: String, extra: &str| PlannedUpload {
-            at_ms,
-            key: key.clone(),
-            json: upload_json(tenant, session, &id, extra),
-        };
-        let mut plan: Vec<PlannedUpload> = match self.pick(rng, shape) {
-            Scenario::Burst => (0..shape.burst_machines)
-                .map(|m| {
-                    let at = rng.random_range(0..shape.burst_spread_ms.max(1));
-                    upload(at, format!("m{m}"), "")
-                })
-                .collect(),
-            Scenario::Split => [(1, 0), (2, shape.split_gap_ms)]
-                .into_iter()
-                .map(|(i, at)| {
-                    let extra = format!(r#","part":{{"index":{i},"count":2}}"#);
-                    upload(at, format!("p{i}"), &extra)
-                })
-                .collect(),
-            Scenario::Trickle => {
-                let mut at = 0;
-                (0..shape.trickle_uploads)
-                    .map(|i| {
-                        let u = upload(at, format!("u{i}"), "");
-                        at += rng.random_range(shape.trickle_gap_ms.clone());
-                        u
-                    })
-                    .collect()
-            }
-            Scenario::Tenants | Scenario::Mix | Scenario::Noisy => (0..shape.tenant_uploads)
-                .map(|i| {
-                    let at = rng.random_range(0..shape.tenant_spread_ms.max(1));
-                    upload(at, format!("u{i}"), "")
-                })
-                .collect(),
-        };
-        plan.sort_by_key(|u| u.at_ms);
-        plan
-    }
-}
-
-/// `(scenario, sessions weight)` of [`Scenario::Mix`]: upload share / uploads per session.
-fn mix_weights(shape: &Shape) -> [(Scenario, f64); 4] {
-    let mut w = [(Scenario::Burst, 0.0); 4];
-    for (i, s) in SCENARIOS.into_iter().enumerate() {
-        w[i] = (
-            s,
-            MIX_UPLOAD_SHARE[i] / s.uploads_per_session(shape).max(1.0),
-        );
-    }
-    w
-}
+use std::time::Duration;
 
 // ---------------------------------------------------------------------------------------------
 // The load generator
@@ -331,16 +158,6 @@ impl Default for NatsTarget {
             partitions: 8,
             stream: "SETTLE_UPLOADS".to_owned(),
         }
-    }
-}
-
-/// Parses a `KEY=VALUE` librdkafka property argument (`-X`).
-///
-/// Errors: no `=`, or an empty key.
-pub fn parse_property(text: &str) -> Result<(String, String), String> {
-    match text.split_once('=') {
-        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.to_owned())),
-        _ => Err(format!("expected KEY=VALUE, got {text:?}")),
     }
 }
 
@@ -659,13 +476,13 @@ pub async fn run_async(args: &LoadgenArgs) -> anyhow::Result<LoadgenReport> {
     let mut due: BinaryHeap<Due> = BinaryHeap::new();
     if args.scenario == Scenario::Noisy {
         // A fixed plan rather than sessions started at a rate.
-        let params = crate::noisy::NoisyParams {
+        let params = super::noisy::NoisyParams {
             window_ms: args.duration.as_millis() as u64,
             seed: args.seed,
-            ..crate::noisy::NoisyParams::default()
+            ..super::noisy::NoisyParams::default()
         };
         report.sessions[3] = u64::from(params.normal_sessions + params.noisy_sessions);
-        for upload in crate::noisy::plan(&params, true) {
+        for upload in super::noisy::plan(&params, true) {
             seq += 1;
             let at = start + Duration::from_millis(upload.at_ms);
             last_planned = last_planned.max(at);
@@ -784,343 +601,4 @@ pub async fn run_async(args: &LoadgenArgs) -> anyhow::Result<LoadgenReport> {
 fn trace_line(json: &str, ts: i64, p: i32, o: i64) -> String {
     let body = json.strip_suffix('}').unwrap_or(json);
     format!(r#"{body},"ts":{ts},"partition":{p},"offset":{o}}}"#)
-}
-
-/// A progress bar on stderr counting uploads (hidden when `visible` is false); also what
-/// `settle demo` draws.
-pub fn progress_bar(visible: bool, len: u64) -> ProgressBar {
-    if !visible {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
-    if let Ok(style) = ProgressStyle::with_template(
-        "{spinner} [{elapsed_precise}] [{bar:40}] {pos}/{len} uploads · {msg}",
-    ) {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar.enable_steady_tick(Duration::from_millis(100));
-    bar
-}
-
-// ---------------------------------------------------------------------------------------------
-// Kafka tooling
-
-/// Bound on one admin or metadata request.
-const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Creates `topics` (`(name, partitions)`, replication factor 1) on the cluster of `kafka`
-/// (its `properties` apply, so SASL/TLS work). A topic that exists already is left as it is.
-///
-/// Errors: the cluster cannot be reached within 30 s, or refuses a creation for another
-/// reason than "already exists".
-pub async fn create_topics(kafka: &KafkaConfig, topics: &[(&str, i32)]) -> anyhow::Result<()> {
-    let admin: AdminClient<LogContext> = kafka
-        .client_config(Role::Producer)
-        .create_with_context(LogContext)
-        .context("cannot create the Kafka admin client")?;
-    let new: Vec<NewTopic<'_>> = topics
-        .iter()
-        .map(|(name, n)| NewTopic::new(name, *n, TopicReplication::Fixed(1)))
-        .collect();
-    let options = AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT));
-    let results = tokio::time::timeout(ADMIN_TIMEOUT, admin.create_topics(&new, &options))
-        .await
-        .context("CreateTopics timed out")?
-        .context("CreateTopics")?;
-    for result in results {
-        match result {
-            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((name, code)) => return Err(anyhow!("cannot create topic {name}: {code}")),
-        }
-    }
-    Ok(())
-}
-
-/// One record to produce with [`produce_all`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct OutRecord {
-    /// Record key (`tenant/session` for an upload).
-    pub key: Option<Vec<u8>>,
-    /// Record value.
-    pub payload: Vec<u8>,
-    /// Record timestamp (CreateTime, ms since the epoch); `None`: the producer's clock.
-    pub timestamp_ms: Option<i64>,
-}
-
-/// Where [`produce_all`] put a record, from its delivery report.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Delivered {
-    /// Partition.
-    pub partition: i32,
-    /// Offset in the partition.
-    pub offset: i64,
-    /// Record timestamp as reported (ms; `LogAppendTime` where the topic uses it).
-    pub timestamp_ms: Option<i64>,
-}
-
-/// Produces `records` to `topic` in order with one idempotent producer (the settle producer
-/// settings of `kafka`, so a key always lands in the partition the default partitioner
-/// picks) and waits for every delivery report. Returns one [`Delivered`] per record, in
-/// input order.
-///
-/// Errors: the producer cannot be created, or a delivery failed (message in the error).
-pub async fn produce_all(
-    kafka: &KafkaConfig,
-    topic: &str,
-    records: &[OutRecord],
-) -> anyhow::Result<Vec<Delivered>> {
-    let producer: FutureProducer<LogContext> = kafka
-        .client_config(Role::Producer)
-        .create_with_context(LogContext)
-        .context("cannot create the Kafka producer")?;
-    let mut pending = Vec::with_capacity(records.len());
-    for r in records {
-        let mut record = FutureRecord::<[u8], [u8]>::to(topic).payload(r.payload.as_slice());
-        if let Some(key) = &r.key {
-            record = record.key(key.as_slice());
-        }
-        if let Some(ts) = r.timestamp_ms {
-            record = record.timestamp(ts);
-        }
-        pending.push(producer.send(record, ADMIN_TIMEOUT));
-    }
-    let mut out = Vec::with_capacity(records.len());
-    for (i, delivery) in futures::future::join_all(pending)
-        .await
-        .into_iter()
-        .enumerate()
-    {
-        let d = delivery.map_err(|(e, _)| anyhow!("delivery of record {i} to {topic}: {e}"))?;
-        out.push(Delivered {
-            partition: d.partition,
-            offset: d.offset,
-            timestamp_ms: d.timestamp.to_millis(),
-        });
-    }
-    Ok(out)
-}
-
-/// One record read back by [`read_topic`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TopicRecord {
-    /// Partition.
-    pub partition: i32,
-    /// Offset in the partition.
-    pub offset: i64,
-    /// Record key.
-    pub key: Option<Vec<u8>>,
-    /// Record value (empty when null).
-    pub payload: Vec<u8>,
-    /// Record timestamp (ms since the epoch; -1 when the record has none).
-    pub timestamp_ms: i64,
-    /// Headers in record order (a null value reads as empty).
-    pub headers: Vec<(String, Vec<u8>)>,
-}
-
-impl TopicRecord {
-    /// The value of the first header named `name`, as UTF-8 (lossy).
-    pub fn header(&self, name: &str) -> Option<String> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
-    }
-}
-
-/// Reads `topic` from the beginning (no consumer group, nothing committed) until every
-/// partition reached its end and at least `min_records` were read, or until `timeout`.
-/// Records come partition by partition in offset order.
-///
-/// Errors: the topic's metadata cannot be read (missing topic, cluster unreachable), or a
-/// consumer error other than partition EOF.
-pub async fn read_topic(
-    kafka: &KafkaConfig,
-    topic: &str,
-    min_records: usize,
-    timeout: Duration,
-) -> anyhow::Result<Vec<TopicRecord>> {
-    let config = kafka.clone();
-    let topic = topic.to_owned();
-    tokio::task::spawn_blocking(move || read_topic_blocking(&config, &topic, min_records, timeout))
-        .await
-        .context("read_topic task")?
-}
-
-fn read_topic_blocking(
-    kafka: &KafkaConfig,
-    topic: &str,
-    min_records: usize,
-    timeout: Duration,
-) -> anyhow::Result<Vec<TopicRecord>> {
-    // The group id of `kafka` is set but never joined: partitions are assigned, not subscribed.
-    let consumer: BaseConsumer<LogContext> = kafka
-        .client_config(Role::Consumer)
-        .create_with_context(LogContext)
-        .context("cannot create a reader")?;
-    let partitions = partition_count(&consumer, topic)?;
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..partitions {
-        tpl.add_partition_offset(topic, p, Offset::Beginning)?;
-    }
-    consumer.assign(&tpl)?;
-    let deadline = Instant::now() + timeout;
-    let mut at_end = BTreeSet::new();
-    let mut records = Vec::new();
-    while Instant::now() < deadline {
-        if at_end.len() == partitions as usize && records.len() >= min_records {
-            break;
-        }
-        match consumer.poll(Duration::from_millis(100)) {
-            None => {}
-            Some(Ok(m)) => {
-                at_end.remove(&m.partition());
-                records.push(TopicRecord {
-                    partition: m.partition(),
-                    offset: m.offset(),
-                    key: m.key().map(<[u8]>::to_vec),
-                    payload: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
-                    timestamp_ms: m.timestamp().to_millis().unwrap_or(-1),
-                    headers: m
-                        .headers()
-                        .map(|h| {
-                            h.iter()
-                                .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))
-                                .collect()
-                        })
-                        .unwrap_or_default(),
-                });
-            }
-            Some(Err(KafkaError::PartitionEOF(p))) => {
-                at_end.insert(p);
-            }
-            Some(Err(e)) => return Err(anyhow!("reading {topic}: {e}")),
-        }
-    }
-    records.sort_by_key(|r| (r.partition, r.offset));
-    Ok(records)
-}
-
-/// The committed offsets of consumer group `kafka.group-id` for partitions `0..partitions` of
-/// `topic` (`None`: nothing committed).
-///
-/// Errors: the group coordinator cannot be reached within 30 s.
-pub async fn committed_offsets(
-    kafka: &KafkaConfig,
-    topic: &str,
-    partitions: i32,
-) -> anyhow::Result<Vec<Option<i64>>> {
-    let kafka = kafka.clone();
-    let topic = topic.to_owned();
-    tokio::task::spawn_blocking(move || {
-        let consumer: BaseConsumer<LogContext> = kafka
-            .client_config(Role::Consumer)
-            .create_with_context(LogContext)?;
-        let mut tpl = TopicPartitionList::new();
-        for p in 0..partitions {
-            tpl.add_partition(&topic, p);
-        }
-        let committed = consumer
-            .committed_offsets(tpl, ADMIN_TIMEOUT)
-            .context("OffsetFetch")?;
-        Ok(committed
-            .elements()
-            .iter()
-            .map(|e| match e.offset() {
-                Offset::Offset(o) => Some(o),
-                _ => None,
-            })
-            .collect())
-    })
-    .await
-    .context("committed_offsets task")?
-}
-
-/// Number of partitions of `topic`.
-///
-/// Errors: metadata cannot be fetched, or the broker reports an error for the topic.
-pub fn partition_count<X: ConsumerContext, C: Consumer<X>>(
-    consumer: &C,
-    topic: &str,
-) -> anyhow::Result<i32> {
-    let metadata = consumer
-        .fetch_metadata(Some(topic), ADMIN_TIMEOUT)
-        .with_context(|| format!("metadata of {topic}"))?;
-    let t = metadata
-        .topics()
-        .iter()
-        .find(|t| t.name() == topic)
-        .ok_or_else(|| anyhow!("topic {topic} not in the metadata"))?;
-    if let Some(e) = t.error() {
-        return Err(anyhow!("topic {topic}: {:?}", RDKafkaErrorCode::from(e)));
-    }
-    Ok(t.partitions().len() as i32)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sessions_have_the_demo_shapes() {
-        let shape = Shape::default();
-        let mut rng = StdRng::seed_from_u64(1);
-        let burst = Scenario::Burst.session(&mut rng, "ci", "b1", &shape);
-        assert_eq!(burst.len(), 700);
-        assert!(burst.iter().all(|u| u.at_ms < 1_500 && u.key == "ci/b1"));
-        assert!(burst.windows(2).all(|w| w[0].at_ms <= w[1].at_ms));
-        let split = Scenario::Split.session(&mut rng, "co", "s1", &shape);
-        assert_eq!(
-            split.iter().map(|u| u.at_ms).collect::<Vec<_>>(),
-            vec![0, 300]
-        );
-        assert!(split[1].json.contains(r#""part":{"index":2,"count":2}"#));
-        let trickle = Scenario::Trickle.session(&mut rng, "co", "t1", &shape);
-        assert_eq!(trickle.len(), 5);
-        assert!(trickle
-            .windows(2)
-            .all(|w| (2_000..3_000).contains(&(w[1].at_ms - w[0].at_ms))));
-        let tenants = Scenario::Tenants.session(&mut rng, "t-1", "s", &shape);
-        assert_eq!(tenants.len(), 10);
-        assert!(tenants.iter().all(|u| u.at_ms < 600));
-        // Every upload is a valid record for its key.
-        for u in burst.iter().chain(&split).chain(&trickle).chain(&tenants) {
-            assert!(
-                crate::codec::decode_upload(Some(u.key.as_bytes()), u.json.as_bytes(), 0, 0)
-                    .is_ok(),
-                "{u:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn same_seed_same_schedule() {
-        let shape = Shape::default();
-        let plan = |seed| {
-            let mut rng = StdRng::seed_from_u64(seed);
-            (0..20)
-                .map(|i| Scenario::Mix.session(&mut rng, "t", &format!("s{i}"), &shape))
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(plan(3), plan(3));
-        assert_ne!(plan(3), plan(4));
-    }
-
-    #[test]
-    fn mix_splits_uploads_as_documented() {
-        let shape = Shape::default();
-        let mut rng = StdRng::seed_from_u64(9);
-        let mut uploads = [0.0_f64; 4];
-        for _ in 0..20_000 {
-            let s = Scenario::Mix.pick(&mut rng, &shape);
-            let i = SCENARIOS.iter().position(|x| *x == s).unwrap();
-            uploads[i] += s.uploads_per_session(&shape);
-        }
-        let total: f64 = uploads.iter().sum();
-        for (i, share) in MIX_UPLOAD_SHARE.iter().enumerate() {
-            let got = uploads[i] / total;
-            assert!((got - share).abs() < 0.05, "{:?}: {got}", SCENARIOS[i]);
-        }
-        let mean = Scenario::Mix.uploads_per_session(&shape);
-        assert!((total / 20_000.0 - mean).abs() / mean < 0.1, "{mean}");
-    }
 }

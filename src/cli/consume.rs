@@ -8,7 +8,7 @@
 //! `--with-meta` it is wrapped as
 //! `{"topic", "partition", "offset", "timestamp", "key", "headers": {..}, "value"}`.
 
-use crate::loadgen::partition_count;
+use crate::transport::kafka::partition_count;
 use crate::transport::kafka::{KafkaConfig, LogContext, Role};
 use anyhow::{anyhow, Context as _};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -33,7 +33,7 @@ pub struct ConsumeArgs {
     )]
     pub bootstrap_servers: String,
     /// librdkafka property, KEY=VALUE (repeatable; SASL, TLS, ...).
-    #[arg(short = 'X', long = "property", value_name = "KEY=VALUE", value_parser = crate::loadgen::parse_property)]
+    #[arg(short = 'X', long = "property", value_name = "KEY=VALUE", value_parser = super::parse_property)]
     pub properties: Vec<(String, String)>,
     /// Start at the beginning of each partition (default: only records arriving from now on).
     #[arg(long)]

@@ -10,96 +10,21 @@
 //! tier `normal`), in emission order, ties ordered by session key. A bad line is reported
 //! with its line number and skipped; the run goes on.
 
+pub use super::trace::{parse_trace_line, TraceError, TraceLine};
 use crate::codec;
-use crate::engine::{Applied, Driver, Emission, Engine, MemTable, Millis, Upload};
-use crate::report::RunStats;
-use serde::Deserialize;
+use crate::engine::{Applied, Driver, Emission, Engine, MemTable, Millis};
+
+use super::report::RunStats;
+use super::trace::Trace;
+use super::trace_source::{self, SourceArgs};
+use crate::config::Config;
+use anyhow::Context as _;
 use std::io::{BufRead, Write};
+use std::io::{BufReader, BufWriter};
+use std::path::Path;
 
 /// Tier written on simulated ready records (tiers do not exist offline).
 pub const SIMULATED_TIER: &str = "normal";
-
-/// A trace line that could not be used.
-#[derive(Debug, thiserror::Error)]
-pub enum TraceError {
-    /// Not a JSON object, or `ts`/`partition` missing or of the wrong type.
-    #[error("line {line}: {message}")]
-    Line {
-        /// 1-based line number.
-        line: usize,
-        /// What is wrong.
-        message: String,
-    },
-    /// The upload record inside the line breaks a rule of SEMANTICS §2.
-    #[error("line {line}: {source}")]
-    Upload {
-        /// 1-based line number.
-        line: usize,
-        /// The failed rule.
-        source: codec::DecodeError,
-    },
-    /// A record read from a broker (`settle tune --from-kafka`, `--from-nats`) that does not
-    /// decode as an upload (SEMANTICS §2); the runtime would dead-letter it.
-    #[error("{at}: {source}")]
-    Record {
-        /// Where it was read: `topic/partition@offset` or `stream/partition@sequence`.
-        at: String,
-        /// The failed rule.
-        source: codec::DecodeError,
-    },
-}
-
-impl TraceError {
-    /// Short stable code of what is wrong: `bad_trace_line` for a line that is not a trace
-    /// record, else the `codec::DecodeError::reason` code (the dead-letter reason).
-    pub fn reason(&self) -> &'static str {
-        match self {
-            TraceError::Line { .. } => "bad_trace_line",
-            TraceError::Upload { source, .. } | TraceError::Record { source, .. } => {
-                source.reason()
-            }
-        }
-    }
-}
-
-/// One usable trace line.
-#[derive(Clone, Debug, PartialEq)]
-pub struct TraceLine {
-    /// 1-based line number in the input.
-    pub line: usize,
-    /// `partition` field, if present.
-    pub partition: Option<u32>,
-    /// The decoded upload; its event time is `ts` (ms).
-    pub upload: Upload,
-}
-
-#[derive(Deserialize)]
-struct TraceMeta {
-    ts: Option<serde_json::Value>,
-    partition: Option<u32>,
-}
-
-/// Parses one trace line (`line` is its 1-based number). `Ok(None)` for blank/comment lines.
-pub fn parse_trace_line(text: &str, line: usize) -> Result<Option<TraceLine>, TraceError> {
-    let trimmed = text.trim();
-    if trimmed.is_empty() || trimmed.starts_with('#') {
-        return Ok(None);
-    }
-    let bad = |message: String| TraceError::Line { line, message };
-    let meta: TraceMeta = serde_json::from_str(trimmed)
-        .map_err(|e| bad(format!("not a trace record (JSON object with \"ts\"): {e}")))?;
-    let ts = meta
-        .ts
-        .ok_or_else(|| bad("missing \"ts\" (epoch ms integer or RFC 3339 string)".into()))?;
-    let ts = codec::parse_timestamp(&ts).map_err(|e| bad(format!("bad \"ts\": {e}")))?;
-    let upload = codec::decode_upload(None, trimmed.as_bytes(), ts, Millis::MAX)
-        .map_err(|source| TraceError::Upload { line, source })?;
-    Ok(Some(TraceLine {
-        line,
-        partition: meta.partition,
-        upload,
-    }))
-}
 
 /// Replays `input` through `engine`. Every emission is handed to `emit` in order;
 /// bad lines to `reject`. Returns the run's figures (`emitted_at = due_at`).
@@ -166,6 +91,91 @@ pub fn replay_to_jsonl<R: BufRead, W: Write>(
         },
         reject,
     )
+}
+
+/// Replays `trace` through `engine` the way `simulate::replay` does (partition time = the
+/// largest event time seen, every pending round fires at end of input, `emitted_at = due_at`),
+/// handing each emission to `emit` in order. `RunStats::rejected` = the trace's unusable
+/// inputs.
+pub fn replay_trace(engine: Engine, trace: &Trace, mut emit: impl FnMut(&Emission)) -> RunStats {
+    let mut driver = Driver::new(engine);
+    let mut table = MemTable::new();
+    let mut stats = RunStats::new();
+    stats.rejected = trace.rejected_count();
+    let mut out = Vec::new();
+    let mut flush = |out: &mut Vec<Emission>, stats: &mut RunStats| {
+        for e in out.drain(..) {
+            stats.record_emission(&e, e.due_at);
+            emit(&e);
+        }
+    };
+    let mut now = Millis::MIN;
+    for upload in &trace.uploads {
+        now = now.max(upload.event_time);
+        stats.uploads += 1;
+        let Ok(applied) = driver.apply(&mut table, now, upload, &mut out);
+        match applied {
+            Applied::Late => stats.late += 1,
+            Applied::Redelivered => stats.redelivered += 1,
+            Applied::OnTime => {}
+        }
+        flush(&mut out, &mut stats);
+    }
+    // End of input: every pending round fires (the horizon `simulate::replay` uses).
+    let Ok(_) = driver.advance(&mut table, Millis::MAX / 4, &mut out);
+    flush(&mut out, &mut stats);
+    stats
+}
+
+/// `settle simulate`: loads the config (`config`, else the defaults), reads the trace of
+/// `source` (a file streams through line by line; a broker range is read first) and writes
+/// the ready records (JSONL) to `output`, standard output when `None`; the run's figures
+/// go to standard error.
+///
+/// Errors: the config is invalid, the trace cannot be read, or the output cannot be written.
+pub fn command(
+    config: Option<&Path>,
+    source: &SourceArgs,
+    output: Option<&Path>,
+) -> anyhow::Result<()> {
+    let cfg = Config::load(config)?;
+    let engine = Engine::new(cfg.policy_table());
+    let mut out: Box<dyn Write> = match output {
+        Some(p) => Box::new(BufWriter::new(
+            std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?,
+        )),
+        None => Box::new(BufWriter::new(std::io::stdout().lock())),
+    };
+    let stats = match &source.choice.input {
+        // A file streams through the engine line by line.
+        Some(input)
+            if source.since.is_none() && source.until.is_none() && source.topic.is_none() =>
+        {
+            let reader = BufReader::new(
+                std::fs::File::open(input)
+                    .with_context(|| format!("cannot open {}", input.display()))?,
+            );
+            replay_to_jsonl(engine, reader, &mut out, |e| {
+                eprintln!("{}: skipped {e}", input.display());
+            })?
+        }
+        _ => {
+            let loaded = trace_source::load(source, &cfg)?;
+            let mut written = Ok(());
+            let stats = replay_trace(engine, &loaded.trace, |e| {
+                if written.is_ok() {
+                    written = out
+                        .write_all(&codec::encode_ready(e, e.due_at, SIMULATED_TIER))
+                        .and_then(|()| out.write_all(b"\n"));
+                }
+            });
+            written.context("cannot write the ready records")?;
+            stats
+        }
+    };
+    out.flush()?;
+    eprintln!("{stats}");
+    Ok(())
 }
 
 #[cfg(test)]

@@ -28,14 +28,15 @@
 //!   uploads stay in the order the runtime applies them): the order a caught-up runtime
 //!   would see.
 
+use super::progress_bar;
+use super::trace::TraceError;
+use super::trace::{read_trace_file, Trace};
 use crate::codec;
 use crate::config::Config;
 use crate::engine::{Millis, Upload};
-use crate::loadgen::{partition_count, progress_bar};
-use crate::simulate::TraceError;
+use crate::transport::kafka::partition_count;
 use crate::transport::kafka::{KafkaConfig, LogContext, Role};
 use crate::transport::nats::{self, NatsConfig, KEY_HEADER};
-use crate::tune::{read_trace_file, Trace};
 use anyhow::{anyhow, bail, Context as _};
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy, PullConsumer};
 use futures::StreamExt;

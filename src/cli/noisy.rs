@@ -18,10 +18,10 @@
 //!
 //! `benches/tiers.rs` runs the three cases and prints the figures (see BENCHMARKS.md).
 
+use super::scenario::{PlannedUpload, Scenario, Shape};
 use crate::codec;
 use crate::config::Config;
 use crate::engine::{Engine, Millis, PolicySpec, PolicyTable};
-use crate::loadgen::{PlannedUpload, Scenario, Shape};
 use crate::runtime::{Clock, Runtime, RuntimeOptions, SystemClock};
 use crate::tiers::{TierSpec, TiersConfig};
 use crate::transport::memory::MemoryBroker;

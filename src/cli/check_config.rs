@@ -1,0 +1,76 @@
+//! `settle check-config FILE`: validates a config file without connecting to anything and
+//! prints what it says (policies, transport, admin, each transport's section, tiers).
+
+use crate::config::kafka::ProcessingGuarantee;
+use crate::config::Config;
+use std::io::Write;
+use std::path::Path;
+
+/// Loads `file` (then `SETTLE_*` variables, as `settle run` does) and writes its summary to
+/// `out`.
+///
+/// Errors: the config is invalid (the message names the key), or `out` cannot be written.
+pub fn run(file: &Path, out: &mut impl Write) -> anyhow::Result<()> {
+    let cfg = Config::load(Some(file))?;
+    writeln!(out, "{}: ok", file.display())?;
+    let table = cfg.policy_table();
+    writeln!(
+        out,
+        "debounce: policy {} ({} tenant override(s))",
+        table.default.name.as_str(),
+        table.tenants.len()
+    )?;
+    writeln!(out, "transport: {} (settle run)", cfg.transport.as_str())?;
+    if cfg.admin.enabled {
+        writeln!(
+            out,
+            "admin: http://{} (/metrics /healthz /readyz /v1/...)",
+            cfg.admin.listen
+        )?;
+    } else {
+        writeln!(out, "admin: disabled")?;
+    }
+    let k = &cfg.kafka;
+    writeln!(
+        out,
+        "kafka: {} group {} input {} dead-letter {} changelog {} guarantee {} instance {}",
+        k.bootstrap_servers,
+        k.group_id,
+        k.input_topic,
+        k.dead_letter_topic,
+        k.changelog().as_deref().unwrap_or("(off)"),
+        match k.processing_guarantee {
+            ProcessingGuarantee::AtLeastOnce => "at-least-once",
+            ProcessingGuarantee::ExactlyOnce => "exactly-once",
+        },
+        k.instance_id(),
+    )?;
+    let n = &cfg.nats;
+    writeln!(
+        out,
+        "nats: {} input {} (subjects {}.0 to .{}) output {} dead-letter {}; instance {} of {} owns partitions {:?}",
+        n.servers,
+        n.input_stream,
+        n.input_subject_prefix,
+        n.partitions.saturating_sub(1),
+        n.output_stream,
+        n.dead_letter_subject,
+        n.instance,
+        n.instances,
+        n.owned_partitions()
+    )?;
+    let tiers: Vec<String> = cfg
+        .tiers
+        .tiers
+        .iter()
+        .map(|t| format!("{} -> {}", t.name, t.topic))
+        .collect();
+    writeln!(
+        out,
+        "tiers: {} (limit {} per {})",
+        tiers.join(", "),
+        cfg.tiers.limit,
+        humantime::format_duration(cfg.tiers.period)
+    )?;
+    Ok(())
+}

@@ -1,0 +1,160 @@
+//! `settle run`: the one place that assembles the service from the config, for every
+//! transport. It builds the transport's source and sink (`transport::kafka` or
+//! `transport::nats`, chosen by `transport`), the runtime with its stores, tier router and
+//! tier-events task (`crate::runtime`), the liveness lease (Kafka: two thirds of
+//! `session.timeout.ms`), the admin server (`crate::admin`) and the progress watch, then
+//! runs until SIGINT/SIGTERM ([`signals`]) and turns how it ended into the exit status.
+//!
+//! One code path: the transport decides only how the source and sink are made and whether
+//! there is a lease; everything after that ([`run_until`]'s `serve`) is the same for every
+//! transport. Nothing below this module starts a runtime or an admin server.
+//!
+//! Exit status of `settle run` (`main` prints the error): 0 after a graceful stop; 1 when
+//! the config is invalid, a client or the admin listener cannot be set up, the source
+//! failed, the lease expired (the process was paused longer than it may own partitions), or
+//! a partition failed (the message names the first one and why).
+
+pub mod signals;
+
+pub use signals::shutdown_on_signals;
+
+use crate::admin::AdminServer;
+use crate::config::{Config, Transport};
+use crate::engine::Engine;
+use crate::runtime::{progress, RunSummary, Runtime, RuntimeOptions, SystemClock};
+use crate::transport::kafka::{self, KafkaSink, KafkaSource};
+use crate::transport::nats::{self, NatsSink, NatsSource};
+use crate::transport::{Sink, Source};
+use anyhow::Context as _;
+use std::path::Path;
+use tokio_util::sync::CancellationToken;
+
+/// `settle run`: loads the config (`file`, then `SETTLE_*` variables), applies the
+/// `--transport` override, logs what it starts with, and runs [`run_until`] on a new tokio
+/// runtime until SIGINT/SIGTERM (a second signal exits at once).
+///
+/// Errors (exit status 1, module docs): an invalid config, anything [`run_until`] returns,
+/// and a failed partition (the first one, with its reason).
+pub fn run(file: Option<&Path>, transport: Option<Transport>) -> anyhow::Result<()> {
+    let mut config = Config::load(file)?;
+    if let Some(t) = transport {
+        config.transport = t;
+        config.validate()?;
+    }
+    log_start(&config, file);
+    crate::runtime::block_on(async {
+        let shutdown = CancellationToken::new();
+        let signals =
+            shutdown_on_signals(shutdown.clone()).context("cannot install signal handlers")?;
+        let summary = run_until(&config, shutdown).await;
+        signals.abort();
+        if let Some((p, reason)) = summary?.failed().first() {
+            anyhow::bail!("partition {p} failed: {reason}");
+        }
+        Ok(())
+    })?
+}
+
+/// Runs settle on the transport `config.transport` until `shutdown` is cancelled: the
+/// partition runtime ([`Runtime::run`]) over that transport's source and sink, stores under
+/// `store.data-dir`, the debounce policies of `[debounce]`, each emission to its tenant's
+/// tier topic and tier changes to `tiers.events-topic` (one router for the process), the
+/// admin endpoints of `[admin]` until the runtime has stopped. Must run inside a tokio
+/// runtime.
+///
+/// * Kafka: the consumer group of `[kafka]` and an idempotent producer (exactly-once: the
+///   transactions commit that group's offsets); a warning per configured topic the cluster
+///   lacks; the liveness lease.
+/// * NATS: the partitions `[nats]` assigns to this instance, JetStream publishes with room
+///   for a publish window per owned partition.
+///
+/// Errors: an invalid `[kafka]` or `[nats]` section or tier subject (the message names the
+/// key), clients the library rejects, an unreadable credentials file, an `admin.listen`
+/// address that cannot be bound, a fatal source error, an expired lease. Partitions that
+/// failed are in the summary.
+pub async fn run_until(config: &Config, shutdown: CancellationToken) -> anyhow::Result<RunSummary> {
+    let mut options = RuntimeOptions::from_config(config);
+    match config.transport {
+        Transport::Kafka => {
+            let k = &config.kafka;
+            k.validate()?;
+            let sink = KafkaSink::new(k)?;
+            let source = KafkaSource::new(k)?;
+            sink.attach_group(&source);
+            kafka::warn_missing_topics(k, &config.tiers).await;
+            options.lease = Some(k.lease());
+            serve(config, options, source, sink, shutdown).await
+        }
+        Transport::Nats => {
+            let n = &config.nats;
+            n.validate()?;
+            n.check_output_subjects(&config.tiers)?;
+            let client = nats::connect(n).await?;
+            let partitions = n.owned_partitions().len().max(1);
+            let js = nats::jetstream(client, options.publish_window.max(1) * partitions * 2);
+            let sink = NatsSink::new(js.clone(), n);
+            let source = NatsSource::new(js, n, &config.tiers);
+            serve(config, options, source, sink, shutdown).await
+        }
+    }
+}
+
+/// What every transport shares: the runtime over `source` and `sink`, the admin server and
+/// the progress watch, until `shutdown`.
+async fn serve<S: Source, K: Sink>(
+    config: &Config,
+    options: RuntimeOptions,
+    source: S,
+    sink: K,
+    shutdown: CancellationToken,
+) -> anyhow::Result<RunSummary> {
+    let runtime = Runtime::new(
+        Engine::new(config.policy_table()),
+        sink,
+        SystemClock,
+        options,
+    )?;
+    let admin = AdminServer::start_for(&config.admin, &runtime).await?;
+    let watch = tokio::spawn(progress::watch(runtime.status(), shutdown.clone()));
+    let summary = runtime.run(source, shutdown).await;
+    watch.abort();
+    if let Some(admin) = admin {
+        admin.stop().await;
+    }
+    Ok(summary?)
+}
+
+/// The start line of `settle run`: the config file and what it says of the transport.
+fn log_start(config: &Config, file: Option<&Path>) {
+    let shown = file.map_or("(defaults)".into(), |p| p.display().to_string());
+    let data_dir = config.store.data_dir.display();
+    match config.transport {
+        Transport::Kafka => {
+            let k = &config.kafka;
+            tracing::info!(
+                config = %shown,
+                bootstrap = %k.bootstrap_servers,
+                group = %k.group_id,
+                input = %k.input_topic,
+                changelog = k.changelog().as_deref().unwrap_or("(off)"),
+                guarantee = ?k.processing_guarantee,
+                instance = %k.instance_id(),
+                data_dir = %data_dir,
+                "settle run starting on kafka"
+            );
+        }
+        Transport::Nats => {
+            let n = &config.nats;
+            tracing::info!(
+                config = %shown,
+                servers = %n.servers,
+                stream = %n.input_stream,
+                instance = n.instance,
+                instances = n.instances,
+                partitions = ?n.owned_partitions(),
+                data_dir = %data_dir,
+                "settle run starting on nats"
+            );
+        }
+    }
+}
