@@ -4,7 +4,7 @@
 //! JetStream, waits per session until the uploads settle, and emits one coalesced
 //! "session ready" record per round (the contract is `SEMANTICS.md`, sections cited as §N).
 //! See `ARCHITECTURE.md` for the module map and the layers (imports run one way, from
-//! `cli` and `service` at the top down to `engine`; `tests/layering.rs` keeps it so).
+//! `cli` and `service` at the top down to `engine`; `tests/offline/layering.rs` keeps it so).
 
 pub mod admin;
 pub mod cli;

@@ -191,15 +191,46 @@ impl Error {
         Error::Fatal {
             transport,
             reason: format!(
-                "input {topic} partition {partition} ends at offset {end}, below the next offset \
-                 {next} stored for it: {topic} started over (deleted and re-created, or the \
-                 broker lost its log), and reading on would skip every record below {next}. \
-                 Stop settle and wipe this partition's store directory \
-                 (<store.data-dir>/{topic}/{partition}) to start it afresh, or restore it from a \
-                 changelog of this same {topic}"
+                "{} Reading on would skip every record below {next}. Stop settle and wipe this \
+                 partition's store directory (<store.data-dir>/{topic}/{partition}) to start it \
+                 afresh, or restore it from a changelog of this same {topic}",
+                behind("input", topic, partition, end, next)
             ),
         }
     }
+
+    /// The [`Error::Fatal`] of [`Sink::read_changelog`] when changelog partition `partition`
+    /// of `changelog` ends at offset `end` below `checkpoint`, the changelog offset the
+    /// partition's store says it appended up to: the changelog started over (deleted and
+    /// re-created, or a broker that lost its log), so restoring from it would wait forever
+    /// for records that are gone. The partition stops with what to do (README "Operate").
+    pub fn changelog_started_over(
+        transport: &'static str,
+        changelog: &str,
+        partition: i32,
+        end: i64,
+        checkpoint: i64,
+    ) -> Self {
+        Error::Fatal {
+            transport,
+            reason: format!(
+                "{} A restore would wait for records that are gone. Stop settle and wipe this \
+                 partition's store directory (<store.data-dir>/<input topic>/{partition}) to \
+                 start it afresh: settle then restores it from what {changelog} holds now",
+                behind("changelog", changelog, partition, end, checkpoint)
+            ),
+        }
+    }
+}
+
+/// The first sentence of [`Error::started_over`] and [`Error::changelog_started_over`]: the
+/// `log` (`input`, `changelog`) `topic` partition ends at `end` below the stored `next`.
+fn behind(log: &str, topic: &str, partition: i32, end: i64, next: i64) -> String {
+    format!(
+        "{log} {topic} partition {partition} ends at offset {end}, below the next offset {next} \
+         stored for it: {topic} started over (deleted and re-created, or the broker lost its \
+         log)."
+    )
 }
 
 /// Where partitions come from: a consumer group (Kafka), a static set of durable consumers

@@ -233,15 +233,17 @@ fn kafka_run_exits_when_a_store_cannot_open() -> Result<()> {
     Ok(())
 }
 
-/// Issue 19: a store whose next offsets are past the end of its input topic (the broker's
-/// log started over: memory storage restarted, topics re-created) stops `settle run` with
-/// exit code 1 and an error naming the topic, the partition, both offsets and what to do,
-/// instead of dropping every new record below the stored offset without a word.
+/// Issue 19: stores whose offsets are past the end of their topics (the broker's log started
+/// over: memory storage restarted, topics re-created) stop `settle run` with exit code 1 and
+/// an error naming the topic, the partition, both offsets and what to do, instead of
+/// dropping every new record below the stored offset without a word (input), or of waiting
+/// forever for changelog records that are gone (changelog).
 ///
 /// Runs a tansu broker of its own (`process_support::tansu_bin`; the shared broker is never
 /// restarted): settle emits the rounds of some traffic and stops; the broker is restarted
 /// empty, the same topics are created again and fewer uploads produced; settle is started
-/// on the same data dir.
+/// on the same data dir, first as configured (the changelog's check stops it: restore comes
+/// before input), then with the changelog off (the input's check stops it).
 #[test]
 fn kafka_run_stops_when_the_input_topic_started_over() -> Result<()> {
     let Some(bin) = process_support::tansu_bin("kafka_run_stops_when_the_input_topic_started_over")
@@ -280,16 +282,19 @@ fn kafka_run_stops_when_the_input_topic_started_over() -> Result<()> {
     // First life of the topics: every round out, then a clean stop.
     let input = produce("2s", "3")?;
     let want = by_id(reference(&config, &trace_of(&input)?)?);
-    let mut run = start_run(&config_path, &[])?;
-    wait_for_rounds(
-        &mut run,
+    process_support::run_until_rounds(
+        &config_path,
         want.len(),
         STEP,
         || emitted_now(&rt, &kafka, &output),
         |(e, _)| e.emission_id(),
+        SHUTDOWN_DEADLINE,
     )?;
-    sigterm(&mut run, SHUTDOWN_DEADLINE)?;
     let stored = ends_of(&input);
+    let changelog = kafka
+        .changelog()
+        .context("the changelog is on by default")?;
+    let checkpoints = ends_of(&rt.block_on(loadgen::read_topic(&kafka, &changelog, 1, STEP))?);
 
     // The broker starts over: an empty cluster, the same topics, fewer uploads.
     tansu.restart()?;
@@ -301,8 +306,27 @@ fn kafka_run_stops_when_the_input_topic_started_over() -> Result<()> {
         "the second life must be shorter: stored {stored:?}, ends {ends:?}"
     );
 
-    let stderr = process_support::run_expecting_started_over(
+    let changelog_errors = process_support::run_expecting_started_over(
         &config_path,
+        "changelog",
+        &changelog,
+        &checkpoints,
+        &BTreeMap::new(),
+        STEP,
+    )?;
+    let text = std::fs::read_to_string(&config_path)?;
+    let dlq = format!("dead-letter-topic = \"{}\"", kafka.dead_letter_topic);
+    ensure!(
+        text.contains(&dlq),
+        "the config names the dead-letter topic"
+    );
+    std::fs::write(
+        &config_path,
+        text.replace(&dlq, &format!("{dlq}\nchangelog-topic = \"\"")),
+    )?;
+    let errors = process_support::run_expecting_started_over(
+        &config_path,
+        "input",
         &kafka.input_topic,
         &stored,
         &ends,
@@ -314,12 +338,8 @@ fn kafka_run_stops_when_the_input_topic_started_over() -> Result<()> {
         "emissions after the broker started over: {out:?}"
     );
     println!(
-        "stores at {stored:?}, topic ends {ends:?}: settle run exited 1 with\n{}",
-        stderr
-            .lines()
-            .filter(|l| l.starts_with("error:"))
-            .collect::<Vec<_>>()
-            .join("\n")
+        "changelog checkpoints {checkpoints:?}, changelog empty: settle run exited 1 with\n{changelog_errors}"
     );
+    println!("stores at {stored:?}, topic ends {ends:?}: settle run exited 1 with\n{errors}");
     Ok(())
 }

@@ -28,13 +28,12 @@ use crate::process_support;
 use anyhow::{ensure, Context as _, Result};
 use kafka_support::{by_id, reference, same_emissions};
 use nats_support::{server, trace_of, Setup, STEP};
-use process_support::{settle, sigterm, start_run, wait_exit, wait_for_rounds};
+use process_support::{sigterm, start_run, wait_exit, wait_for_rounds};
 use settle::config::Config;
 use settle::engine::Emission;
 use settle::transport::nats::Storage;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// `[runtime] shutdown-deadline` of the settle processes.
@@ -81,30 +80,6 @@ topic = "{limited}"
     )
 }
 
-/// `settle loadgen --nats` to the input stream of `setup` (its partition count): the mixed
-/// scenarios at 300 uploads/s for `duration` over `tenants` tenants, 40 burst machines, seed
-/// `seed`, no progress bar.
-fn loadgen(setup: &Setup, duration: &str, tenants: &str, seed: &str) -> Command {
-    let mut c = settle();
-    c.args(["loadgen", "--nats", &setup.nats.servers, "--topic"])
-        .arg(&setup.nats.input_subject_prefix)
-        .arg("--nats-partitions")
-        .arg(setup.nats.partitions.to_string())
-        .arg("--nats-stream")
-        .arg(&setup.nats.input_stream)
-        .args(["--scenario", "mix", "--rate", "300", "--duration", duration])
-        .args([
-            "--tenants",
-            tenants,
-            "--burst-machines",
-            "40",
-            "--seed",
-            seed,
-        ])
-        .arg("--no-progress");
-    c
-}
-
 #[test]
 fn nats_loadgen_run_sigkill_restart_sigterm() -> Result<()> {
     let Some(addr) = server("nats_loadgen_run_sigkill_restart_sigterm") else {
@@ -124,7 +99,7 @@ fn nats_loadgen_run_sigkill_restart_sigterm() -> Result<()> {
     // settle run, then live traffic: ~12 s of the mixed scenarios over 4 tenants.
     let mut first = start_run(&config_path, &[])?;
     let trace_path = dir.path().join("trace.jsonl");
-    let mut gen = loadgen(&setup, "12s", "4", "5")
+    let mut gen = process_support::nats_loadgen(&setup.nats, "12s", "4", "5")
         .arg("--trace-out")
         .arg(&trace_path)
         .spawn()
@@ -235,7 +210,7 @@ fn nats_run_stops_when_the_input_stream_started_over() -> Result<()> {
     let config = Config::load(Some(&config_path)).context("the test's config")?;
     let produce =
         |duration: &str, seed: &str| -> Result<Vec<settle::transport::nats::StreamRecord>> {
-            let status = loadgen(&setup, duration, "2", seed)
+            let status = process_support::nats_loadgen(&setup.nats, duration, "2", seed)
                 .status()
                 .context("settle loadgen")?;
             ensure!(status.success(), "loadgen failed: {status}");
@@ -245,15 +220,14 @@ fn nats_run_stops_when_the_input_stream_started_over() -> Result<()> {
     // First life of the stream: every round out, then a clean stop.
     let input = produce("3s", "3")?;
     let want = by_id(reference(&config, &trace_of(&input)?)?);
-    let mut run = start_run(&config_path, &[])?;
-    wait_for_rounds(
-        &mut run,
+    process_support::run_until_rounds(
+        &config_path,
         want.len(),
         STEP,
         || rt.block_on(setup.emitted("normal", 0)),
         Emission::emission_id,
+        SHUTDOWN_DEADLINE,
     )?;
-    sigterm(&mut run, SHUTDOWN_DEADLINE)?;
     // Each partition's store holds the sequence after its last message.
     let mut stored: BTreeMap<i32, i64> = BTreeMap::new();
     for r in &input {
@@ -280,8 +254,9 @@ fn nats_run_stops_when_the_input_stream_started_over() -> Result<()> {
     );
     let ends: BTreeMap<i32, i64> = stored.keys().map(|p| (*p, end)).collect();
 
-    let stderr = process_support::run_expecting_started_over(
+    let errors = process_support::run_expecting_started_over(
         &config_path,
+        "input",
         &setup.nats.input_stream,
         &stored,
         &ends,
@@ -294,14 +269,7 @@ fn nats_run_stops_when_the_input_stream_started_over() -> Result<()> {
         out.len(),
         want.len()
     );
-    println!(
-        "stores at {stored:?}, stream end {end}: settle run exited 1 with\n{}",
-        stderr
-            .lines()
-            .filter(|l| l.starts_with("error:"))
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    println!("stores at {stored:?}, stream end {end}: settle run exited 1 with\n{errors}");
     rt.block_on(setup.cleanup());
     Ok(())
 }

@@ -18,22 +18,10 @@ const FORBIDDEN: &[&str] = &[
     "time::OffsetDateTime",
 ];
 
-fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
-    for entry in std::fs::read_dir(dir).expect("src/engine is readable") {
-        let path = entry.expect("directory entry").path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
-}
-
 #[test]
 fn engine_imports_no_io_runtime_or_clock() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/engine");
-    let mut files = Vec::new();
-    rust_files(&root, &mut files);
+    let files = crate::source_support::rust_files(&root);
     assert!(
         files.len() >= 3,
         "expected the engine sources under {root:?}"

@@ -14,11 +14,14 @@
 mod admin_support;
 #[path = "../support/runtime.rs"]
 mod runtime_support;
+#[path = "../support/source.rs"]
+mod source_support;
 
 mod admin_api;
 mod codec_schema;
 mod engine_model;
 mod engine_purity;
+mod layering;
 mod learn_runtime;
 mod learn_store;
 mod runtime_demo;

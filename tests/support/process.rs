@@ -362,9 +362,8 @@ topic = "{output}"
     )
 }
 
-/// `settle loadgen` as the Kafka process tests run it (not spawned): the mixed scenarios at
-/// 300 uploads/s for `duration` over `tenants` tenants, 40 burst machines, seed `seed`, no
-/// progress bar, to `topic` on `bootstrap`.
+/// `settle loadgen` as the Kafka process tests run it (not spawned): the mixed scenarios
+/// ([`loadgen_mix`]) to `topic` on `bootstrap`.
 pub fn kafka_loadgen(
     bootstrap: &str,
     topic: &str,
@@ -379,18 +378,60 @@ pub fn kafka_loadgen(
         bootstrap,
         "--topic",
         topic,
-    ])
-    .args(["--scenario", "mix", "--rate", "300", "--duration", duration])
-    .args([
-        "--tenants",
-        tenants,
-        "--burst-machines",
-        "40",
-        "--seed",
-        seed,
-    ])
-    .arg("--no-progress");
+    ]);
+    loadgen_mix(&mut c, duration, tenants, seed);
     c
+}
+
+/// `settle loadgen --nats` as the NATS process tests run it (not spawned): the mixed
+/// scenarios ([`loadgen_mix`]) to the input stream and partition subjects of `nats`.
+pub fn nats_loadgen(
+    nats: &settle::transport::nats::NatsConfig,
+    duration: &str,
+    tenants: &str,
+    seed: &str,
+) -> Command {
+    let mut c = settle();
+    c.args(["loadgen", "--nats", &nats.servers, "--topic"])
+        .arg(&nats.input_subject_prefix)
+        .arg("--nats-partitions")
+        .arg(nats.partitions.to_string())
+        .arg("--nats-stream")
+        .arg(&nats.input_stream);
+    loadgen_mix(&mut c, duration, tenants, seed);
+    c
+}
+
+/// The traffic of the process tests: the mixed scenarios at 300 uploads/s for `duration`
+/// over `tenants` tenants, 40 burst machines, seed `seed`, no progress bar.
+fn loadgen_mix(c: &mut Command, duration: &str, tenants: &str, seed: &str) {
+    c.args(["--scenario", "mix", "--rate", "300", "--duration", duration])
+        .args([
+            "--tenants",
+            tenants,
+            "--burst-machines",
+            "40",
+            "--seed",
+            seed,
+        ])
+        .arg("--no-progress");
+}
+
+/// Starts `settle run --config CONFIG`, waits (at most `limit`) until `rounds` distinct
+/// emission ids are out (as [`wait_for_rounds`]), then stops it with SIGTERM within
+/// `shutdown_deadline` (as [`sigterm`]).
+pub fn run_until_rounds<T>(
+    config: &Path,
+    rounds: usize,
+    limit: Duration,
+    emitted_now: impl FnMut() -> Result<Vec<T>>,
+    id_of: impl Fn(&T) -> String,
+    shutdown_deadline: Duration,
+) -> Result<()> {
+    let mut run = start_run(config, &[])?;
+    wait_for_rounds(&mut run, rounds, limit, emitted_now, id_of)?;
+    sigterm(&mut run, shutdown_deadline)?;
+    Ok(())
 }
 
 /// The tansu binary for the tests that run a broker of their own: `SETTLE_TEST_TANSU` (set
@@ -526,19 +567,22 @@ impl Drop for Tansu {
 }
 
 /// Runs `settle run --config CONFIG` to its exit (at most `limit`) on stores that are ahead
-/// of their input (the topic or stream started over) and requires what that shows: exit
-/// code 1, and an error that names `topic`, a partition `p` of `stored` (partition → next
-/// offset its store holds) with exactly that offset, a log end of at most `ends[p]` (the
-/// partition's end as the test produced it), and what to do. Returns settle's stderr.
+/// of their input or changelog (the topic or stream started over) and requires what that
+/// shows: exit code 1, and an error that names the `log` (`input` or `changelog`) `topic`, a
+/// partition `p` of `stored` (partition → next offset its store holds for that log) with
+/// exactly that offset, a log end of at most `ends[p]` (the partition's end as the test
+/// produced it), and what to do. Returns the `error:` lines of
+/// settle's stderr.
 pub fn run_expecting_started_over(
     config: &Path,
+    log: &str,
     topic: &str,
     stored: &std::collections::BTreeMap<i32, i64>,
     ends: &std::collections::BTreeMap<i32, i64>,
     limit: Duration,
 ) -> Result<String> {
-    let log = config.with_extension("started-over.log");
-    let file = std::fs::File::create(&log)?;
+    let log_file = config.with_extension("started-over.log");
+    let file = std::fs::File::create(&log_file)?;
     let mut child = settle()
         .args(["run", "--config"])
         .arg(config)
@@ -547,7 +591,7 @@ pub fn run_expecting_started_over(
         .spawn()
         .context("spawn settle run")?;
     let status = wait_exit(&mut child, limit)?;
-    let stderr = std::fs::read_to_string(&log)?;
+    let stderr = std::fs::read_to_string(&log_file)?;
     let Some(status) = status else {
         child.kill()?;
         anyhow::bail!(
@@ -559,7 +603,7 @@ pub fn run_expecting_started_over(
         "settle run exited with {status} (want exit code 1):\n{stderr}"
     );
     let named = stored.iter().find_map(|(p, next)| {
-        let head = format!("input {topic} partition {p} ends at offset ");
+        let head = format!("{log} {topic} partition {p} ends at offset ");
         let rest = &stderr[stderr.find(&head)? + head.len()..];
         let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
         let end: i64 = digits.parse().ok()?;
@@ -577,11 +621,11 @@ pub fn run_expecting_started_over(
         "partition {p}: the error says the log ends at {end}, the test produced {produced}"
     );
     ensure!(
-        stderr.contains("error: partition")
-            && stderr.contains("wipe this partition's store directory")
-            && stderr.contains(&format!("<store.data-dir>/{topic}/{p}"))
-            && stderr.contains("restore it from a changelog"),
+        stderr.contains(&format!("error: partition {p} failed"))
+            && stderr.contains("wipe this partition's store directory (<store.data-dir>/")
+            && stderr.contains(&format!("/{p}) to start it afresh")),
         "the exit does not say what to do:\n{stderr}"
     );
-    Ok(stderr)
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    Ok(errors.join("\n"))
 }

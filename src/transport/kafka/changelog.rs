@@ -14,7 +14,9 @@
 //!   is the high watermark librdkafka caches from fetch responses (tansu 0.6 answers
 //!   ListOffsets "latest" with the newest batch's base offset + 1).
 
-use super::{classify, Health, KafkaConfig, LogContext, Role, CALL_TIMEOUT, TRANSPORT};
+use super::{
+    cached_high_watermark, classify, Health, KafkaConfig, LogContext, Role, CALL_TIMEOUT, TRANSPORT,
+};
 use crate::store::Change;
 use crate::transport::{ChangelogReader, Error};
 use futures::future::BoxFuture;
@@ -174,6 +176,7 @@ impl KafkaChangelog {
             tpl.add_partition_offset(&topic, partition, Offset::Offset(from.max(0)))
                 .map_err(|e| classify(&e))?;
             consumer.assign(&tpl).map_err(|e| classify(&e))?;
+            check_end(&consumer, &topic, partition, from)?;
             Ok(consumer)
         })
         .await
@@ -264,23 +267,9 @@ fn read_chunk(
             }
         }
     }
-    let (mut low, mut high) = (-1_i64, -1_i64);
-    if let Ok(topic_c) = std::ffi::CString::new(topic) {
-        // SAFETY: the client pointer is live (`consumer` owns it), `topic_c` outlives the
-        // call, and librdkafka only writes the two out-parameters.
-        let err = unsafe {
-            rdkafka::bindings::rd_kafka_get_watermark_offsets(
-                consumer.client().native_ptr(),
-                topic_c.as_ptr(),
-                partition,
-                &mut low,
-                &mut high,
-            )
-        };
-        if err == rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0 {
-            chunk.end = Some(high);
-        }
-    }
+    chunk.end = std::ffi::CString::new(topic)
+        .ok()
+        .and_then(|t| cached_high_watermark(consumer.client(), &t, partition));
     Ok(chunk)
 }
 
@@ -313,6 +302,49 @@ impl ChangelogReader for KafkaChangelogReader {
         self.end
     }
 }
+
+/// Fails with [`Error::changelog_started_over`] when the changelog partition ends below
+/// `from` (the store's checkpoint), instead of a restore that waits forever for records that
+/// are gone. The end is the larger of ListOffsets "latest" and the high watermark of the
+/// reader's fetch responses, asked again every 500 ms for [`END_SETTLE`] while it is low
+/// (tansu 0.6 answers "latest" with the newest batch's base offset plus one, and its high
+/// watermark can lag right after a produce; the input's check does the same,
+/// `KafkaInput::check_log_end`). Runs on the blocking pool.
+fn check_end(
+    consumer: &BaseConsumer<LogContext>,
+    topic: &str,
+    partition: i32,
+    from: i64,
+) -> Result<(), Error> {
+    let started = std::time::Instant::now();
+    loop {
+        let (_, latest) = consumer
+            .fetch_watermarks(topic, partition, CALL_TIMEOUT)
+            .map_err(|e| classify(&e))?;
+        let end = latest.max(
+            std::ffi::CString::new(topic)
+                .ok()
+                .and_then(|t| cached_high_watermark(consumer.client(), &t, partition))
+                .unwrap_or(-1),
+        );
+        if end >= from {
+            return Ok(());
+        }
+        if started.elapsed() >= END_SETTLE {
+            return Err(Error::changelog_started_over(
+                TRANSPORT,
+                topic,
+                partition,
+                end.max(0),
+                from,
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// How long [`check_end`] asks again about a changelog end below the checkpoint.
+const END_SETTLE: Duration = Duration::from_secs(5);
 
 fn fatal(e: &KafkaError) -> Error {
     Error::Fatal {

@@ -4,10 +4,10 @@
 //! and the check at assignment that the partition's log reaches the offset its store holds
 //! (module docs of `crate::transport::kafka`).
 
+use super::{cached_high_watermark, log_line, KafkaConfig, UNREACHABLE};
 use super::{
     classify, lock, wall_ms, Health, Role, CALL_TIMEOUT, QUEUE_RECHECK, SEEK_START_WAIT, TRANSPORT,
 };
-use super::{log_line, KafkaConfig, UNREACHABLE};
 use crate::transport::{Error, InputBatch, InputRecord, PartitionInput, Source, SourceEvent};
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
@@ -660,21 +660,7 @@ impl KafkaInput {
     /// partition (no request is sent). Not ListOffsets: tansu 0.6 answers "latest" with the
     /// newest batch's base offset + 1.
     fn cached_high_watermark(&self) -> Option<i64> {
-        let (mut low, mut high) = (-1_i64, -1_i64);
-        // SAFETY: the client pointer is live (`self.consumer` owns the client), `topic_c` is
-        // a NUL-terminated string that outlives the call, and librdkafka only writes the two
-        // out-parameters (under its own partition lock).
-        let err = unsafe {
-            rdkafka::bindings::rd_kafka_get_watermark_offsets(
-                self.consumer.client().native_ptr(),
-                self.topic_c.as_ptr(),
-                self.partition,
-                &mut low,
-                &mut high,
-            )
-        };
-        (err == rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0)
-            .then_some(high)
+        cached_high_watermark(self.consumer.client(), &self.topic_c, self.partition)
     }
 
     /// Whether the partition has nothing more to read after the records handed out
@@ -754,14 +740,8 @@ impl KafkaInput {
                 "kafka: the broker sent records below the partition's next offset unasked; dropped as applied already (settle_input_skipped_total)"
             );
         } else {
-            tracing::info!(
-                partition = self.partition,
-                skipped = s.count,
-                first = s.first,
-                last = s.last,
-                next_offset,
-                "kafka: records below the partition's next offset read again while rewinding; dropped as applied already (settle_input_skipped_total)"
-            );
+            let offsets = format!("{}..={}", s.first, s.last);
+            tracing::info!(partition = self.partition, skipped = s.count, %offsets, next_offset, "kafka: records below the partition's next offset read again while rewinding; dropped as applied already (settle_input_skipped_total)");
         }
         s.count
     }

@@ -261,6 +261,30 @@ fn trouble_kind(e: &KafkaError) -> String {
     }
 }
 
+/// The high watermark `client` cached from its last fetch response for `partition` of
+/// `topic` (no request is sent); `None` before the first one. Not ListOffsets: tansu 0.6
+/// answers "latest" with the newest batch's base offset + 1.
+fn cached_high_watermark<C: ClientContext>(
+    client: &rdkafka::client::Client<C>,
+    topic: &std::ffi::CStr,
+    partition: i32,
+) -> Option<i64> {
+    let (mut low, mut high) = (-1_i64, -1_i64);
+    // SAFETY: the client pointer is live (`client` is borrowed), `topic` is a NUL-terminated
+    // string that outlives the call, and librdkafka only writes the two out-parameters
+    // (under its own partition lock).
+    let err = unsafe {
+        rdkafka::bindings::rd_kafka_get_watermark_offsets(
+            client.native_ptr(),
+            topic.as_ptr(),
+            partition,
+            &mut low,
+            &mut high,
+        )
+    };
+    (err == rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0).then_some(high)
+}
+
 /// Routes librdkafka's log lines to `tracing` (target `librdkafka`). Connection failures
 /// (facility `FAIL`) go to debug: they repeat per reconnect attempt and [`Health`] already
 /// reports them once per change.

@@ -5,7 +5,7 @@
 //! file and fails, naming the file, the line and the import, when one climbs.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The stack as built, bottom first. A module may import the modules of the layers below
 /// its own, never its own layer's or one above. A new top-level module must be placed here.
@@ -34,7 +34,7 @@ struct Import {
 
 /// The top-level modules a source text names through `crate::x`, `crate::{x, y::z}` and, when
 /// `module_root` (the text is `src/m.rs` or `src/m/mod.rs`), `super::x`. Comments are left
-/// out (everything after `//` on a line, as in `tests/engine_purity.rs`).
+/// out (everything after `//` on a line, as in `engine_purity`).
 fn imports(text: &str, module_root: bool) -> Vec<Import> {
     let mut out = Vec::new();
     for (n, line) in text.lines().enumerate() {
@@ -121,7 +121,7 @@ fn violations(files: &[(String, String)]) -> Vec<String> {
         }
         let Some(&own) = layer.get(module.as_str()) else {
             bad.push(format!(
-                "src/{path}: module `{module}` is on no layer of STACK (tests/layering.rs): place it"
+                "src/{path}: module `{module}` is on no layer of STACK (tests/offline/layering.rs): place it"
             ));
             continue;
         };
@@ -186,22 +186,10 @@ fn violations(files: &[(String, String)]) -> Vec<String> {
     bad
 }
 
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).expect("src is readable") {
-        let path = entry.expect("directory entry").path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
-}
-
 #[test]
 fn imports_run_down_the_stack() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut paths = Vec::new();
-    rust_files(&src, &mut paths);
+    let paths = crate::source_support::rust_files(&src);
     let files: Vec<(String, String)> = paths
         .iter()
         .map(|p| {
