@@ -59,18 +59,13 @@ pub fn run(file: &Path, out: &mut impl Write) -> anyhow::Result<()> {
         n.instances,
         n.owned_partitions()
     )?;
-    let tiers: Vec<String> = cfg
-        .tiers
-        .tiers
-        .iter()
-        .map(|t| format!("{} -> {}", t.name, t.topic))
-        .collect();
+    let tiers = &cfg.tiers;
     writeln!(
         out,
         "tiers: {} (limit {} per {})",
-        tiers.join(", "),
-        cfg.tiers.limit,
-        humantime::format_duration(cfg.tiers.period)
+        tiers.routes(),
+        tiers.limit,
+        humantime::format_duration(tiers.period)
     )?;
     Ok(())
 }

@@ -127,6 +127,16 @@ impl Default for TiersConfig {
 pub type ConfigError = super::KeyError;
 
 impl TiersConfig {
+    /// The tiers in order as `name -> topic`, comma-separated (`settle check-config`).
+    pub fn routes(&self) -> String {
+        let routes: Vec<String> = self
+            .tiers
+            .iter()
+            .map(|t| format!("{} -> {}", t.name, t.topic))
+            .collect();
+        routes.join(", ")
+    }
+
     /// Checks every value (SEMANTICS §5). Returns the first problem found, naming its key:
     ///
     /// * `tiers.limit` in 1..=[`MAX_LIMIT`]; `tiers.period` in 1 ms..=24 h;
