@@ -190,12 +190,29 @@ pub struct StoreConfig {
     /// `data-dir`: directory of the partition stores (one RocksDB per partition below it).
     /// Default `./settle-data`.
     pub data_dir: PathBuf,
+    /// `flush-interval`: longest time a partition's changes stay in memory before they are
+    /// written to its store in one write batch (1 ms – 10 s, default 20 ms). Emissions are
+    /// published only after the flush that holds them, so this adds up to its length to the
+    /// lateness of an emission; a crash re-reads at most this much input.
+    #[serde(with = "duration")]
+    pub flush_interval: Duration,
+    /// `flush-max-dirty`: a partition also flushes as soon as this many session keys changed
+    /// since its last flush (keys, 1–1 000 000, default 20 000).
+    pub flush_max_dirty: u32,
+    /// `session-cache-mib`: session state the process keeps in memory for all its partitions
+    /// (MiB, approximate, 1–65 536, default 64). Clean sessions past it are evicted least
+    /// recently used and read back from the store when their key is touched again; the timer
+    /// index (about 60 bytes per pending key) comes on top.
+    pub session_cache_mib: u32,
 }
 
 impl Default for StoreConfig {
     fn default() -> Self {
         StoreConfig {
             data_dir: PathBuf::from("./settle-data"),
+            flush_interval: Duration::from_millis(20),
+            flush_max_dirty: 20_000,
+            session_cache_mib: 64,
         }
     }
 }
@@ -443,7 +460,9 @@ impl StoreConfig {
         if self.data_dir.as_os_str().is_empty() {
             return Err(invalid("store.data-dir", "must not be empty".into()));
         }
-        Ok(())
+        check_duration("store.flush-interval", self.flush_interval, 10_000, "10s")?;
+        check_int("store.flush-max-dirty", self.flush_max_dirty, 1_000_000)?;
+        check_int("store.session-cache-mib", self.session_cache_mib, 65_536)
     }
 }
 

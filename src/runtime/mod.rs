@@ -79,6 +79,11 @@ pub struct RuntimeOptions {
     pub data_dir: PathBuf,
     /// RocksDB sizes and durability; one [`MemoryBudget`] is shared by all partitions.
     pub store: StoreOptions,
+    /// `store.flush-interval`: longest time a partition's committed changes wait in memory
+    /// before they are written to its store (write-behind).
+    pub flush_interval: Duration,
+    /// `store.flush-max-dirty`: a partition flushes at once when this many keys changed.
+    pub flush_max_dirty: usize,
     /// `[tiers]`: the tier topics, the events topic and the demotion rule (SEMANTICS §5).
     /// Each emission goes to its tenant's tier topic.
     pub tiers: TiersConfig,
@@ -107,7 +112,12 @@ impl RuntimeOptions {
         let r = &config.runtime;
         RuntimeOptions {
             data_dir: config.store.data_dir.clone(),
-            store: StoreOptions::default(),
+            store: StoreOptions {
+                session_cache_bytes: config.store.session_cache_mib as usize * 1024 * 1024,
+                ..StoreOptions::default()
+            },
+            flush_interval: config.store.flush_interval,
+            flush_max_dirty: config.store.flush_max_dirty as usize,
             tiers: config.tiers.clone(),
             batch_size: r.batch_size as usize,
             idle_tick: r.idle_tick,
@@ -128,6 +138,8 @@ impl RuntimeOptions {
                 max_backoff: Duration::from_secs(5),
             },
             catch_up_rate: self.catch_up_rate,
+            flush_interval: self.flush_interval,
+            flush_max_dirty: self.flush_max_dirty.max(1),
         }
     }
 }

@@ -113,6 +113,11 @@ pub struct PartitionSettings {
     pub publish: PublishTarget,
     /// `runtime.catch-up-rate`: overdue emissions released per second (0 = unlimited).
     pub catch_up_rate: u32,
+    /// `store.flush-interval`: longest time committed changes wait in memory before the
+    /// store writes them (write-behind; emissions are published after that write).
+    pub flush_interval: Duration,
+    /// `store.flush-max-dirty`: flush at once when this many keys changed.
+    pub flush_max_dirty: usize,
 }
 
 /// Everything a partition task needs besides its store and input. Cheap to clone.
@@ -156,8 +161,6 @@ enum Fired {
 struct StepReport {
     /// The step stopped for pacing; call again after this long.
     paused: Option<Duration>,
-    /// Next offset to commit to the source, if the step applied records.
-    next_offset: Option<i64>,
 }
 
 /// Runs the task of the partition read by `input`, on the already opened (and, with a
@@ -176,6 +179,10 @@ pub async fn run<I: PartitionInput, K: Sink, C: Clock>(
 ) -> PartitionExit {
     let changelog = ctx.sink.changelog().is_some();
     store.record_changes(changelog || txn.is_some());
+    // Memory first: commits change memory, `flush_if_due` writes them (module docs).
+    if let Err(e) = store.set_write_behind(true) {
+        return PartitionExit::Failed(fatal(e));
+    }
     let partition = input.partition();
     let (entries_tx, entries_rx) = mpsc::channel(ctx.settings.publish.window.max(1));
     let (acks_tx, acks_rx) = mpsc::unbounded_channel();
@@ -210,6 +217,8 @@ pub async fn run<I: PartitionInput, K: Sink, C: Clock>(
         acks: acks_rx,
         uncommitted: None,
         committed_at: Instant::now(),
+        flushed_at: Instant::now(),
+        flushed_offset: store.stored_offset(),
         publisher_progress_at: Instant::now(),
         metrics: ctx.metrics.partition(input.topic(), partition),
         queries,
@@ -267,6 +276,10 @@ struct Task<I, K, C> {
     uncommitted: Option<i64>,
     /// When the source was last asked to commit.
     committed_at: Instant,
+    /// When the store last flushed (write-behind).
+    flushed_at: Instant,
+    /// The store's durable offset as last seen after a flush.
+    flushed_offset: Option<i64>,
     /// When the publisher last took an entry or acknowledged one.
     publisher_progress_at: Instant,
     metrics: PartitionMetrics,
@@ -346,6 +359,9 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
         let mut paused: Option<Duration> = None;
         loop {
             self.take_acks().map_err(fatal)?;
+            if self.txn.is_none() {
+                self.flush_if_due(false).map_err(fatal)?;
+            }
             self.ship_changes()?;
             self.feed_publisher().map_err(fatal)?;
             while let Ok(q) = self.queries.try_recv() {
@@ -411,8 +427,12 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
                 pause(cancel, p).await;
             }
             let report = self.step().map_err(fatal)?;
+            let flushed = self.flush_if_due(false).map_err(fatal)?;
             if self.txn.is_some() {
-                self.commit_transaction(report.next_offset).await?;
+                if flushed {
+                    let next = self.uncommitted.take();
+                    self.commit_transaction(next).await?;
+                }
                 paused = report.paused;
                 self.refresh_status().map_err(fatal)?;
                 tokio::task::yield_now().await;
@@ -420,9 +440,6 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
             }
             self.ship_changes()?;
             paused = report.paused;
-            if let Some(next) = report.next_offset {
-                self.uncommitted = Some(next);
-            }
             // Offsets go to the source at most every COMMIT_INTERVAL while records flow, and
             // at once when the partition is caught up (and at stop, in `finish`).
             if self.uncommitted.is_some()
@@ -440,8 +457,52 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
         }
     }
 
-    /// How long the next poll may wait for input.
+    /// Writes what the store holds in memory when the flush interval has passed since the
+    /// last flush, the dirty-key cap is reached, or `force`; then the durable offset is the
+    /// one to commit to the source. Returns whether it flushed.
+    ///
+    /// Errors: the store's (fatal; its memory is back at the last durable state).
+    fn flush_if_due(&mut self, force: bool) -> Result<bool, store::Error> {
+        if !self.store.unflushed() {
+            return Ok(false);
+        }
+        let s = &self.ctx.settings;
+        if !force
+            && self.store.dirty_keys() < s.flush_max_dirty
+            && self.flushed_at.elapsed() < s.flush_interval
+        {
+            return Ok(false);
+        }
+        // Measured, not decided on: the shell may read the real clock here (STYLE §1).
+        let started = std::time::Instant::now();
+        self.store.flush()?;
+        self.metrics.store_write(started.elapsed());
+        self.flushed_at = Instant::now();
+        let durable = self.store.stored_offset();
+        if durable != self.flushed_offset {
+            self.flushed_offset = durable;
+            self.uncommitted = durable;
+        }
+        Ok(true)
+    }
+
+    /// How long the next poll may wait for input: [`Task::wait_for_input`], and no longer
+    /// than until the next flush is due while memory holds unflushed changes.
     fn poll_wait(&self, pause: Option<Duration>) -> Result<Duration, store::Error> {
+        let wait = self.wait_for_input(pause)?;
+        if self.store.unflushed() {
+            let left = self
+                .ctx
+                .settings
+                .flush_interval
+                .saturating_sub(self.flushed_at.elapsed());
+            return Ok(wait.min(left));
+        }
+        Ok(wait)
+    }
+
+    /// How long the next poll may wait for input, flushes aside.
+    fn wait_for_input(&self, pause: Option<Duration>) -> Result<Duration, store::Error> {
         let tick = self.ctx.settings.idle_tick;
         if let Some(p) = pause {
             return Ok(p.min(tick));
@@ -616,13 +677,9 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
         }
         if let Some(last) = applied {
             batch.set_offset(last + 1);
-            report.next_offset = Some(last + 1);
         }
         batch.set_partition_time(self.clock.now());
-        // Measured, not decided on: the shell may read the real clock here (STYLE §1).
-        let started = std::time::Instant::now();
         batch.commit()?;
-        self.metrics.store_write(started.elapsed());
         self.metrics.consumed(applied_records);
         self.status.emissions += out.len() as u64;
         Ok(report)
@@ -692,6 +749,8 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
             .collect();
         if !seqs.is_empty() {
             self.store.outbox_ack(&seqs).map_err(fatal)?;
+            // The deletes are written (and recorded) now, for this transaction.
+            self.store.flush().map_err(fatal)?;
         }
         let changes = self.store.take_changes();
         let sent = messages.len() as u64;
@@ -848,6 +907,19 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
     /// After cancellation: commit the offset, drain the outbox until the flush deadline,
     /// close the store.
     async fn finish(&mut self) -> PartitionExit {
+        // What the last steps committed to memory becomes durable (and, exactly-once, one
+        // last transaction) before the offset is committed.
+        if self.fence.owned() {
+            if let Err(e) = self.flush_if_due(true) {
+                return PartitionExit::Failed(fatal(e));
+            }
+            if self.txn.is_some() {
+                let next = self.uncommitted.take();
+                if let Err(reason) = self.commit_transaction(next).await {
+                    return PartitionExit::Failed(reason);
+                }
+            }
+        }
         self.commit_offset().await;
         let deadline = Instant::now() + self.ctx.settings.flush_timeout;
         loop {
@@ -872,6 +944,12 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
                 Ok(None) | Err(_) => break,
             }
         }
+        if self.txn.is_none() && self.fence.owned() {
+            // The deletes of what was acknowledged while draining.
+            if let Err(e) = self.flush_if_due(true) {
+                return PartitionExit::Failed(fatal(e));
+            }
+        }
         if let Err(reason) = self.drain_changelog(deadline).await {
             return PartitionExit::Failed(reason);
         }
@@ -884,7 +962,7 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
             );
         }
         let _ = self.refresh_status();
-        if let Err(e) = self.store.flush() {
+        if let Err(e) = self.store.flush_memtables() {
             return PartitionExit::Failed(fatal(e));
         }
         PartitionExit::Stopped { flushed }

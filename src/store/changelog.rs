@@ -3,13 +3,12 @@
 //! [`Change`], which the runtime appends to the changelog topic (same partition number as
 //! the input partition, key = [`changelog_key`], value = the stored bytes, tombstone for a
 //! delete). A new owner replays those records into an empty or stale store
-//! ([`PartitionStore::restore`](super::PartitionStore::restore)), rebuilds the timers from
-//! the sessions ([`PartitionStore::rebuild_timers`](super::PartitionStore::rebuild_timers))
-//! and so resumes with the same sessions, timers, outbox and input offset.
+//! ([`PartitionStore::restore`](super::PartitionStore::restore)) and so resumes with the
+//! same sessions, timers, outbox and input offset. In write-behind mode a flush records what
+//! it writes: each changed key's latest value, not every intermediate update.
 //!
-//! Timers are not recorded: each is a function of its session's state
-//! (`engine::Engine::next_due`), and leaving them out halves the records per upload (an
-//! upload usually moves its session's timer: one delete and one put).
+//! Timers have no records of their own: a key's timer is the prefix of its
+//! `sessions` value, so it moves with the state (one record per changed key per flush).
 //!
 //! # Key
 //!
@@ -20,7 +19,7 @@
 //!
 //! # Order inside one store write
 //!
-//! Outbox entries first, then sessions, then `meta` (offset, partition time, counters, and
+//! Outbox entries first, then sessions, tenants, then `meta` (counters, partition time, offset, and
 //! `writer`: the id of the store that wrote it) last. A changelog cut inside one write (the old owner died while producing it)
 //! therefore holds an owed emission before the state that says it was emitted, and never an
 //! input offset past state that is missing: the restored store re-applies the rest of that
@@ -28,8 +27,7 @@
 //!
 //! # What is local only
 //!
-//! The `timers` column family, and these `meta` keys: `timer_floor` (derived from the
-//! timers), `changelog_next` (the checkpoint: the changelog offset a restore continues from;
+//! These `meta` keys: `changelog_next` (the checkpoint: the changelog offset a restore continues from;
 //! every record below it is in this store), `changelog_dirty` (1 while this store holds
 //! writes that are not known to be in the changelog) and `writer_id` (a random id of this
 //! store's lineage, regenerated when the store is wiped, sent as `meta\0writer` with every
@@ -104,15 +102,12 @@ pub fn split_changelog_key(key: &[u8]) -> Result<(&'static str, &[u8]), Error> {
 
 /// True for the `meta` keys that stay in the local store.
 pub(crate) fn is_local_meta(key: &[u8]) -> bool {
-    key == META_CHANGELOG_NEXT
-        || key == META_CHANGELOG_DIRTY
-        || key == META_WRITER_ID
-        || key == super::keys::META_TIMER_FLOOR
+    key == META_CHANGELOG_NEXT || key == META_CHANGELOG_DIRTY || key == META_WRITER_ID
 }
 
-/// True for the writes that are not recorded (module docs: timers and local `meta` keys).
+/// True for the writes that are not recorded (module docs: local `meta` keys).
 pub(crate) fn is_local(cf: &str, key: &[u8]) -> bool {
-    cf == super::keys::CF_TIMERS || (cf == CF_META && is_local_meta(key))
+    cf == CF_META && is_local_meta(key)
 }
 
 /// The writer id in a changelog record of key `meta\0writer`, if `change` is one.

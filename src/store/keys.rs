@@ -3,12 +3,14 @@
 
 use super::error::Error;
 use crate::engine::{Emission, Millis, SessionKey, SessionState, TenantStats};
-use serde::{de::DeserializeOwned, Serialize};
+use serde::de::DeserializeOwned;
 
-/// Column family of per-key state.
+/// Column family of per-key state (each value carries the key's timer, see
+/// [`encode_session_into`]).
 pub(crate) const CF_SESSIONS: &str = "sessions";
-/// Column family of timers in firing order.
-pub(crate) const CF_TIMERS: &str = "timers";
+/// Column family of format 1's timers (`due ‖ key`). Format 2 has none: a store that still
+/// has it was written by format 1 and is refused at open with what to do.
+pub(crate) const CF_TIMERS_V1: &str = "timers";
 /// Column family of owed emissions in FIFO order.
 pub(crate) const CF_OUTBOX: &str = "outbox";
 /// Column family of per-partition bookkeeping.
@@ -16,14 +18,16 @@ pub(crate) const CF_META: &str = "meta";
 /// Column family of per-tenant learned-delay statistics (`engine::learn`).
 pub(crate) const CF_TENANTS: &str = "tenants";
 /// Every column family the store opens (RocksDB's `default` is opened too and left empty).
-pub(crate) const COLUMN_FAMILIES: [&str; 5] =
-    [CF_SESSIONS, CF_TIMERS, CF_OUTBOX, CF_META, CF_TENANTS];
+pub(crate) const COLUMN_FAMILIES: [&str; 4] = [CF_SESSIONS, CF_OUTBOX, CF_META, CF_TENANTS];
 
 /// Version of this layout, stored in `meta` under `format_version`. Bump it on any change to a
 /// key or value encoding; `PartitionStore::open` refuses a store of another version.
-pub const FORMAT_VERSION: u64 = 1;
+///
+/// 2 (store v2, memory first): no `timers` column family; each `sessions` value starts with
+/// the key's timer. 1: timers in their own column family, a `timer_floor` in `meta`.
+pub const FORMAT_VERSION: u64 = 2;
 
-/// `meta` keys. Values are 8-byte big-endian integers except `timer_floor` (a timer key).
+/// `meta` keys. Values are 8-byte big-endian integers.
 pub(crate) const META_FORMAT_VERSION: &[u8] = b"format_version";
 pub(crate) const META_OFFSET: &[u8] = b"offset";
 pub(crate) const META_PARTITION_TIME: &[u8] = b"partition_time";
@@ -32,12 +36,12 @@ pub(crate) const META_OUTBOX_HEAD: &[u8] = b"outbox_head";
 pub(crate) const META_OUTBOX_LEN: &[u8] = b"outbox_len";
 pub(crate) const META_SESSIONS: &[u8] = b"sessions";
 pub(crate) const META_OPEN_ROUNDS: &[u8] = b"open_rounds";
-pub(crate) const META_TIMER_FLOOR: &[u8] = b"timer_floor";
 
-/// A timer floor above every timer key: a timer key is 8 due bytes then UTF-8 session key
-/// bytes, and UTF-8 never contains the byte `0xFF`, so no timer key is `≥ [0xFF; 9]`.
-/// Used as "the store has no live timer".
-pub(crate) const TIMER_FLOOR_END: [u8; 9] = [0xFF; 9];
+/// First byte of a `sessions` value: the key has no timer (the state follows).
+const NO_TIMER: u8 = 0;
+/// First byte of a `sessions` value: the key's timer follows (8 bytes, [`encode_due`]), then
+/// the state.
+const TIMER: u8 = 1;
 
 const SIGN_BIT: u64 = 1 << 63;
 
@@ -53,32 +57,10 @@ pub fn decode_due(bytes: [u8; 8]) -> Millis {
     (u64::from_be_bytes(bytes) ^ SIGN_BIT) as i64
 }
 
-/// Timer key: `encode_due(due) ‖ session key bytes`. Byte order = `(due, key)` order, the
-/// order `engine::MemTable` fires in (a `str` compares by its bytes).
-pub fn timer_key(due: Millis, key: &SessionKey) -> Vec<u8> {
-    let mut k = Vec::with_capacity(8 + key.as_str().len());
-    k.extend_from_slice(&encode_due(due));
-    k.extend_from_slice(key.as_str().as_bytes());
-    k
-}
-
-/// Splits a timer key into `(due, session key)`. The error text says what is wrong.
-pub fn decode_timer_key(bytes: &[u8]) -> Result<(Millis, SessionKey), String> {
-    let (due, key) = bytes
-        .split_first_chunk::<8>()
-        .ok_or_else(|| format!("timer key of {} bytes, need at least 9", bytes.len()))?;
-    Ok((decode_due(*due), decode_session_key(key)?))
-}
-
 /// A session key from its stored bytes (`tenant/session`, UTF-8).
 pub(crate) fn decode_session_key(bytes: &[u8]) -> Result<SessionKey, String> {
     let s = std::str::from_utf8(bytes).map_err(|e| format!("session key is not UTF-8: {e}"))?;
     SessionKey::parse(s).ok_or_else(|| "session key is not tenant/session".to_string())
-}
-
-/// Due time of an encoded timer key (its first 8 bytes); `None` if the key is too short.
-pub(crate) fn timer_key_due(bytes: &[u8]) -> Option<Millis> {
-    bytes.first_chunk::<8>().map(|d| decode_due(*d))
 }
 
 /// Outbox key: the sequence number, 8 bytes big-endian (FIFO = byte order).
@@ -104,19 +86,58 @@ pub(crate) fn decode_meta_u64(key: &[u8], bytes: &[u8]) -> Result<u64, Error> {
     Ok(u64::from_be_bytes(b))
 }
 
-/// Encodes a `sessions` value (postcard) into `buf`, cleared first, so one buffer serves
-/// every state of a commit. Returns the buffer.
-pub(crate) fn encode_state_into(state: &SessionState, mut buf: Vec<u8>) -> Result<Vec<u8>, Error> {
+/// Encodes a `sessions` value into `buf`, cleared first, so one buffer serves every state of
+/// a flush. Returns the buffer. Shape: `0x01 ‖ encode_due(due)` (9 bytes) for a key with a
+/// timer, `0x00` for one without, then the state (postcard). The timer rides with its state so the in-memory
+/// timer index is rebuilt at open from one scan of `sessions` (reading the 1–9 byte timer prefix, no
+/// decoding), and a flush writes one record per changed key.
+pub(crate) fn encode_session_into(
+    due: Option<Millis>,
+    state: &SessionState,
+    mut buf: Vec<u8>,
+) -> Result<Vec<u8>, Error> {
     buf.clear();
+    match due {
+        Some(d) => {
+            buf.push(TIMER);
+            buf.extend_from_slice(&encode_due(d));
+        }
+        None => buf.push(NO_TIMER),
+    }
     postcard::to_extend(state, buf).map_err(|e| Error::Encode {
         cf: CF_SESSIONS,
         reason: e.to_string(),
     })
 }
 
-/// Decodes a `sessions` value stored under `key`.
-pub(crate) fn decode_state(key: &[u8], bytes: &[u8]) -> Result<SessionState, Error> {
-    decode(CF_SESSIONS, key, bytes)
+/// The timer of a `sessions` value stored under `key` and where its state starts, without
+/// decoding the state. Errors: [`Error::Corrupt`] for a value without a valid timer prefix.
+pub(crate) fn session_due(key: &[u8], bytes: &[u8]) -> Result<(Option<Millis>, usize), Error> {
+    let corrupt = |reason: String| Error::Corrupt {
+        cf: CF_SESSIONS,
+        key: printable(key),
+        reason,
+    };
+    match bytes.split_first() {
+        Some((&NO_TIMER, _)) => Ok((None, 1)),
+        Some((&TIMER, rest)) => {
+            let due = rest.first_chunk::<8>().ok_or_else(|| {
+                corrupt(format!("value of {} bytes, need at least 9 (timer)", bytes.len()))
+            })?;
+            Ok((Some(decode_due(*due)), 9))
+        }
+        Some((tag, _)) => Err(corrupt(format!("unknown timer tag {tag}"))),
+        None => Err(corrupt("empty value".into())),
+    }
+}
+
+/// Decodes a `sessions` value stored under `key`: `(timer, state)`.
+pub(crate) fn decode_session(
+    key: &[u8],
+    bytes: &[u8],
+) -> Result<(Option<Millis>, SessionState), Error> {
+    let (due, at) = session_due(key, bytes)?;
+    Ok((due, decode(CF_SESSIONS, key, &bytes[at..])?))
 }
 
 /// Encodes a `tenants` value (postcard) into `buf`, cleared first (see
@@ -134,21 +155,19 @@ pub(crate) fn decode_tenant(key: &[u8], bytes: &[u8]) -> Result<TenantStats, Err
     decode(CF_TENANTS, key, bytes)
 }
 
-/// Encodes an `outbox` value.
-pub(crate) fn encode_emission(emission: &Emission) -> Result<Vec<u8>, Error> {
-    encode(CF_OUTBOX, emission)
+/// Encodes an `outbox` value (postcard) into `buf`, cleared first (see
+/// [`encode_session_into`]).
+pub(crate) fn encode_emission_into(emission: &Emission, mut buf: Vec<u8>) -> Result<Vec<u8>, Error> {
+    buf.clear();
+    postcard::to_extend(emission, buf).map_err(|e| Error::Encode {
+        cf: CF_OUTBOX,
+        reason: e.to_string(),
+    })
 }
 
 /// Decodes an `outbox` value stored under `key`.
 pub(crate) fn decode_emission(key: &[u8], bytes: &[u8]) -> Result<Emission, Error> {
     decode(CF_OUTBOX, key, bytes)
-}
-
-fn encode<T: Serialize>(cf: &'static str, value: &T) -> Result<Vec<u8>, Error> {
-    postcard::to_allocvec(value).map_err(|e| Error::Encode {
-        cf,
-        reason: e.to_string(),
-    })
 }
 
 fn decode<T: DeserializeOwned>(cf: &'static str, key: &[u8], bytes: &[u8]) -> Result<T, Error> {
@@ -195,37 +214,13 @@ mod tests {
     }
 
     #[test]
-    fn timer_keys_order_like_due_then_key() {
-        let a = SessionKey::new("t", "a");
-        let ab = SessionKey::new("t", "ab");
-        let b = SessionKey::new("t", "b");
-        let mut pairs = vec![
-            (5, b.clone()),
-            (5, ab.clone()),
-            (-5, b.clone()),
-            (5, a.clone()),
-        ];
-        let mut by_bytes = pairs.clone();
-        pairs.sort();
-        by_bytes.sort_by_key(|(d, k)| timer_key(*d, k));
-        assert_eq!(pairs, by_bytes);
-        for (d, k) in pairs {
-            assert_eq!(decode_timer_key(&timer_key(d, &k)), Ok((d, k)));
-        }
-    }
-
-    #[test]
-    fn floor_end_is_above_every_timer_key() {
-        let k = SessionKey::new("zzz", "\u{10FFFF}");
-        assert!(timer_key(i64::MAX, &k).as_slice() < TIMER_FLOOR_END.as_slice());
-    }
-
-    #[test]
     fn bad_keys_are_reported() {
-        assert!(decode_timer_key(b"short").is_err());
-        assert!(decode_timer_key(&[0x80, 0, 0, 0, 0, 0, 0, 0, b'x']).is_err());
-        assert!(decode_timer_key(&[0x80, 0, 0, 0, 0, 0, 0, 0, 0xC3]).is_err());
+        assert!(decode_session_key(&[0xC3]).is_err());
+        assert!(decode_session_key(b"no-slash").is_err());
         assert!(decode_outbox_key(b"1234567").is_err());
+        assert!(session_due(b"t/s", &[TIMER, 1, 2]).is_err());
+        assert!(session_due(b"t/s", &[7]).is_err());
+        assert!(session_due(b"t/s", &[]).is_err());
         assert_eq!(printable(b"a/b\x00"), "a/b\\x00");
     }
 
@@ -238,9 +233,16 @@ mod tests {
             ..SessionState::default()
         };
         let dirty = vec![0xAA; 300];
-        let buf = encode_state_into(&state, dirty).unwrap();
-        assert_eq!(buf, postcard::to_allocvec(&state).unwrap());
-        assert_eq!(decode_state(b"t/s", &buf).unwrap(), state);
+        let buf = encode_session_into(Some(1_700_000_005_000), &state, dirty).unwrap();
+        assert_eq!(buf[0], TIMER);
+        assert_eq!(&buf[1..9], &encode_due(1_700_000_005_000));
+        assert_eq!(&buf[9..], postcard::to_allocvec(&state).unwrap());
+        assert_eq!(
+            decode_session(b"t/s", &buf).unwrap(),
+            (Some(1_700_000_005_000), state.clone())
+        );
+        let buf = encode_session_into(None, &state, buf).unwrap();
+        assert_eq!(decode_session(b"t/s", &buf).unwrap(), (None, state));
     }
 
     #[test]
@@ -257,7 +259,7 @@ mod tests {
 
     #[test]
     fn corrupt_values_name_cf_and_key() {
-        let err = decode_state(b"t/s", &[0xFF, 0xFF, 0xFF]).unwrap_err();
+        let err = decode_session(b"t/s", &[NO_TIMER, 0xFF, 0xFF]).unwrap_err();
         let text = err.to_string();
         assert!(text.contains("sessions") && text.contains("t/s"), "{text}");
     }

@@ -1,80 +1,89 @@
 //! The partition store: one RocksDB database per owned partition, at
-//! `<data-dir>/<topic>/<partition>` ([`partition_path`]). It holds everything the partition
-//! task needs to resume after a crash (SEMANTICS §6): per-key state, timers in firing order,
-//! owed emissions (outbox), and the applied input offset with the partition time (§3).
+//! `<data-dir>/<topic>/<partition>` ([`partition_path`]), with the partition's state in
+//! memory in front of it (store v2: "memory first, RocksDB behind", ARCHITECTURE § Partition
+//! state). It holds everything the partition task needs to resume after a crash (SEMANTICS
+//! §6): per-key state with its timer, owed emissions (outbox), the applied input offset and
+//! the partition time (§3).
 //!
 //! The partition task owns its [`PartitionStore`] (single writer, no locks). Per input batch
 //! it opens a [`Batch`], runs `engine::Driver` through it (the batch implements
 //! `engine::SessionTable`), pushes the emissions to the outbox, sets offset and partition
-//! time, and [`Batch::commit`]s: ONE RocksDB write, so after a crash either the whole input
-//! batch is applied or none of it. Emissions are deleted from the outbox only after the sink
-//! acknowledged them ([`PartitionStore::outbox_ack`]).
+//! time, and [`Batch::commit`]s: the batch is applied to memory at once (sessions, the timer
+//! index, the outbox, counters). What reaches RocksDB, and when:
 //!
-//! # Layout
+//! * **Write-through** (the default of a store opened alone, e.g. by tests and tools): every
+//!   commit and every [`PartitionStore::outbox_ack`] is also ONE RocksDB write before it
+//!   returns.
+//! * **Write-behind** (the runtime, [`PartitionStore::set_write_behind`]): commits change
+//!   memory only; [`PartitionStore::flush`] writes everything changed since the last flush —
+//!   each dirty key's latest value, the new outbox entries, the deletes of acknowledged ones,
+//!   the tenants' statistics, the offset, partition time and counters — as ONE RocksDB write
+//!   batch. A 700-way burst into one session between two flushes is one write of one key.
+//!   Only flushed outbox entries are handed out ([`PartitionStore::outbox_peek_from`]) and
+//!   [`PartitionStore::stored_offset`] is the flushed offset, so an emission is published
+//!   only once the state that produced it is durable, and the input offset committed to the
+//!   broker never passes what is durable: a crash re-reads the input since the last flush
+//!   and decides the same emissions again (durable first, then visible; STYLE §3).
+//!
+//! Sessions are cached in memory up to a process-wide budget ([`MemoryBudget`],
+//! `store.session-cache`), evicted least recently used when clean and read back on a miss;
+//! the timer index and the outbox are wholly in memory (`mem`), rebuilt by one scan at
+//! open. A failed write (an error of [`PartitionStore::flush`] or of a write-through commit)
+//! reloads the memory from RocksDB: the store is then exactly its last durable state.
+//!
+//! # Layout (format 2)
 //!
 //! Column families, not key prefixes: each has its own access pattern and so its own
 //! options (bloom filter for point lookups on `sessions`; early compaction of
-//! tombstone-dense files on the two queues `timers` and `outbox`), and the queues can be
-//! compacted on their own. A RocksDB write batch is atomic across the column families of a
-//! database, and they flush together (`atomic_flush`).
+//! tombstone-dense files of the `outbox` queue). A RocksDB write batch is atomic across the
+//! column families of a database, and they flush together (`atomic_flush`).
 //!
 //! | column family | key | value |
 //! |---|---|---|
-//! | `sessions` | session key bytes (`tenant/session`, UTF-8) | `SessionState`, postcard |
-//! | `timers` | `due` as 8 bytes big-endian with the sign bit flipped (numeric order for every `i64`, [`encode_due`]) ‖ session key bytes | empty |
+//! | `sessions` | session key bytes (`tenant/session`, UTF-8) | the key's timer (`0x01 ‖ encode_due(due)`, or `0x00` for none) ‖ `SessionState` (postcard) |
 //! | `outbox` | sequence number, u64 big-endian (FIFO) | `Emission`, postcard |
-//! | `meta` | ASCII name, see below | 8 bytes big-endian, except `timer_floor` |
+//! | `meta` | ASCII name, see below | 8 bytes big-endian |
 //! | `tenants` | tenant name (UTF-8) | `TenantStats` (learned-delay intervals, `engine::learn`), postcard |
 //!
 //! `meta` keys: `format_version` ([`FORMAT_VERSION`]), `offset` (i64, the applied input
 //! offset), `partition_time` (i64 ms), `outbox_next_seq`, `outbox_head` (no owed emission
 //! below it), `outbox_len`, `sessions` (keys with state), `open_rounds` (keys with an open
-//! round), and `timer_floor`: a timer key such that no live timer is below it (`[0xFF; 9]`,
-//! above every timer key because UTF-8 has no `0xFF` byte, means "no live timer").
+//! round). A store of format 1 (timers in a column family of their own) is refused at open
+//! with what to do.
 //!
 //! # Invariants
 //!
 //! * Every key with state has exactly one timer, `engine::Engine::next_due` of its state;
-//!   the driver keeps it so. The store does not rely on it: a batch writes every timer set
-//!   and cancel it is given. State expiry (`state-ttl`) is one of those timers, so expired
-//!   keys are deleted when their timer fires through the driver; no separate TTL sweep.
-//! * The counters in `meta` (`sessions`, `open_rounds`, `outbox_len`) and `timer_floor`
-//!   are written in the same write batch as the records they describe.
+//!   the driver keeps it so, and the store keeps at most one per key (setting one replaces
+//!   the previous). State expiry (`state-ttl`) is one of those timers, so expired keys are
+//!   deleted when their timer fires through the driver; no separate TTL sweep.
+//! * The counters in `meta` (`sessions`, `open_rounds`, `outbox_len`) are written in the same
+//!   write batch as the records they describe.
 //! * Every store error is fatal for the partition (see [`Error`]).
 //! * `tenants` holds at most `engine::MAX_LEARNED_TENANTS` entries: a batch storing a new
-//!   tenant beyond that deletes the least recently seen one in the same write (the
-//!   `SessionTable` rule). Their `last_seen` order is mirrored in memory (rebuilt by a scan
-//!   when the store opens or is restored) to pick that tenant without a read.
-//!
-//! # Tombstones in the timer queue
-//!
-//! Timers are deleted at the head as they fire and in the middle as rounds are moved, and
-//! RocksDB keeps each delete as a tombstone until compaction, so a plain "seek to the
-//! first key" walks over every timer ever fired. Three things prevent that: reads seek to
-//! `timer_floor` (persisted, so a restart does not walk them either); a batch keeps one
-//! iterator and steps past what it deleted itself rather than seeking again; and the
-//! `timers`/`outbox` column families mark files dense with tombstones for compaction
-//! (RocksDB's compact-on-deletion collector), so the tombstones drop out of the LSM.
-//! The outbox does the same with `outbox_head`.
+//!   tenant beyond that deletes the least recently seen one (the `SessionTable` rule).
 
 mod batch;
 pub mod changelog;
 mod error;
 mod keys;
+mod mem;
 mod options;
 
 pub use batch::Batch;
 pub use changelog::{changelog_key, split_changelog_key, Change};
 pub use error::Error;
-pub use keys::{decode_due, decode_timer_key, encode_due, outbox_key, timer_key, FORMAT_VERSION};
+pub use keys::{decode_due, encode_due, outbox_key, FORMAT_VERSION};
+pub use mem::CacheBudget;
 pub use options::{MemoryBudget, StoreOptions};
 
-use crate::engine::{Emission, Millis, SessionKey, SessionState, TenantAges, TenantStats};
+use crate::engine::{Emission, Millis, SessionKey, SessionState, TenantStats};
 use keys::{
-    CF_META, CF_OUTBOX, CF_TENANTS, CF_TIMERS, COLUMN_FAMILIES, META_FORMAT_VERSION, META_OFFSET,
-    META_OPEN_ROUNDS, META_OUTBOX_HEAD, META_OUTBOX_LEN, META_OUTBOX_NEXT_SEQ, META_PARTITION_TIME,
-    META_SESSIONS, META_TIMER_FLOOR,
+    CF_META, CF_OUTBOX, CF_SESSIONS, CF_TENANTS, CF_TIMERS_V1, COLUMN_FAMILIES,
+    META_FORMAT_VERSION, META_OFFSET, META_OPEN_ROUNDS, META_OUTBOX_HEAD, META_OUTBOX_LEN,
+    META_OUTBOX_NEXT_SEQ, META_PARTITION_TIME, META_SESSIONS,
 };
+use mem::Mem;
 use rocksdb::{ColumnFamily, WriteBatch, WriteOptions, DB};
 use std::path::{Path, PathBuf};
 
@@ -92,23 +101,37 @@ pub struct OutboxEntry {
     pub emission: Emission,
 }
 
-/// The committed `meta` values, mirrored in memory; changed only after a successful write.
+/// The durable `meta` values, mirrored in memory; changed only after a successful write.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Meta {
     offset: Option<i64>,
     partition_time: Option<Millis>,
     next_seq: u64,
-    outbox_head: u64,
     outbox_len: u64,
     sessions: u64,
     open_rounds: u64,
-    timer_floor: Vec<u8>,
+}
+
+/// What one [`PartitionStore::flush`] wrote.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlushReport {
+    /// Session keys written (puts and deletes).
+    pub sessions: usize,
+    /// Outbox entries written (new owed emissions) and deleted (acknowledged ones).
+    pub outbox_puts: usize,
+    /// See `outbox_puts`.
+    pub outbox_deletes: usize,
 }
 
 /// Everything of the store but the database handle (so a batch can borrow both apart).
 pub(crate) struct StoreState {
     write_opts: WriteOptions,
+    /// The durable values.
     meta: Meta,
+    /// The in-memory state (`mem`), ahead of `meta` until the next flush.
+    mem: Mem,
+    /// Commits change memory only; [`PartitionStore::flush`] writes (module docs).
+    write_behind: bool,
     fail_commits: u32,
     /// Writes are recorded as [`Change`]s for the changelog ([`PartitionStore::record_changes`]).
     recording: bool,
@@ -121,8 +144,6 @@ pub(crate) struct StoreState {
     /// Local-only `writer_id`, mirrored (`None`: not chosen yet; chosen at the first
     /// recorded write).
     writer_id: Option<u64>,
-    /// The committed `tenants` entries by `last_seen` (the eviction order).
-    tenants: TenantAges,
 }
 
 /// What [`StoreState::stamp`] added to a write, applied to the state once it is stored.
@@ -169,8 +190,228 @@ impl StoreState {
     }
 }
 
-/// The RocksDB store of one partition (see the module docs for layout and invariants).
-/// Owned by the partition task; `Send`, not shared.
+/// Writes what `state`'s memory holds beyond its durable `meta` in ONE RocksDB write (see
+/// [`PartitionStore::flush`]). On error the memory is reloaded from `db`.
+pub(crate) fn flush_state(db: &DB, state: &mut StoreState) -> Result<FlushReport, Error> {
+    if !state.mem.unflushed() {
+        return Ok(FlushReport::default());
+    }
+    match write_unflushed(db, state) {
+        Ok(report) => {
+            state.mem.flushed();
+            state.mem.evict();
+            Ok(report)
+        }
+        Err(e) => {
+            // The memory is ahead of what RocksDB holds and the write is lost: make the
+            // memory the durable state again (what a restart would see).
+            state.changes.clear();
+            reload(db, state)?;
+            Err(e)
+        }
+    }
+}
+
+fn write_unflushed(db: &DB, state: &mut StoreState) -> Result<FlushReport, Error> {
+    let mut recorded = Vec::new();
+    let mut w = changelog::Writes::new(db, state.recording.then_some(&mut recorded));
+    let mem = &mut state.mem;
+    let mut report = FlushReport::default();
+    // Changelog order (see `store::changelog`): outbox, then sessions, tenants, meta. Every
+    // column family's writes go in key order: RocksDB inserts them into its memtable (a
+    // skip list) starting from where the previous insert ended, far cheaper for ascending
+    // keys than for hash order.
+    let mut buf = Vec::with_capacity(256);
+    for (&seq, emission) in mem.outbox.range(mem.durable_seq..) {
+        buf = keys::encode_emission_into(emission, buf)?;
+        w.put(CF_OUTBOX, &keys::outbox_key(seq), &buf);
+        report.outbox_puts += 1;
+    }
+    mem.acked.sort_unstable();
+    for &seq in &mem.acked {
+        w.delete(CF_OUTBOX, &keys::outbox_key(seq));
+        report.outbox_deletes += 1;
+    }
+    mem.dirty.sort_unstable();
+    for key in &mem.dirty {
+        let Some(entry) = mem.entries.get(key) else {
+            continue;
+        };
+        match &entry.state {
+            Some(s) => {
+                buf = keys::encode_session_into(entry.due, s, buf)?;
+                w.put(CF_SESSIONS, key.as_str().as_bytes(), &buf);
+            }
+            None => w.delete(CF_SESSIONS, key.as_str().as_bytes()),
+        }
+        report.sessions += 1;
+    }
+    let mut tenants: Vec<&Box<str>> = mem.dirty_tenants.iter().collect();
+    tenants.sort_unstable();
+    for name in tenants {
+        match mem.tenants.get(name) {
+            Some(stats) => {
+                buf = keys::encode_tenant_into(stats, buf)?;
+                w.put(CF_TENANTS, name.as_bytes(), &buf);
+            }
+            None => w.delete(CF_TENANTS, name.as_bytes()),
+        }
+    }
+    let meta = &state.meta;
+    let cur = &mem.current;
+    let outbox_len = mem.outbox.len() as u64;
+    let head = mem.outbox.keys().next().copied().unwrap_or(cur.next_seq);
+    let mut put_u64 = |key: &[u8], old: u64, new: u64| {
+        if old != new {
+            w.put(CF_META, key, &new.to_be_bytes());
+        }
+    };
+    put_u64(META_OUTBOX_NEXT_SEQ, meta.next_seq, cur.next_seq);
+    put_u64(META_OUTBOX_LEN, meta.outbox_len, outbox_len);
+    put_u64(META_SESSIONS, meta.sessions, cur.sessions);
+    put_u64(META_OPEN_ROUNDS, meta.open_rounds, cur.open_rounds);
+    if report.outbox_deletes > 0 || report.outbox_puts > 0 {
+        w.put(CF_META, META_OUTBOX_HEAD, &head.to_be_bytes());
+    }
+    if let Some(t) = cur.partition_time.filter(|_| cur.position_dirty) {
+        w.put(CF_META, META_PARTITION_TIME, &t.to_be_bytes());
+    }
+    // The offset last: a changelog cut inside this write never holds an offset past state
+    // it misses.
+    if let Some(o) = cur.offset.filter(|_| cur.position_dirty) {
+        w.put(CF_META, META_OFFSET, &o.to_be_bytes());
+    }
+    let stamp = state.stamp(&mut w);
+    if state.fail_commits > 0 {
+        state.fail_commits -= 1;
+        return Err(Error::InjectedFault);
+    }
+    w.write(&state.write_opts)?;
+    state.changes.append(&mut recorded);
+    state.stamped(stamp);
+    let cur = &state.mem.current;
+    state.meta = Meta {
+        offset: cur.offset,
+        partition_time: cur.partition_time,
+        next_seq: cur.next_seq,
+        outbox_len,
+        sessions: cur.sessions,
+        open_rounds: cur.open_rounds,
+    };
+    Ok(report)
+}
+
+/// Reads the durable `meta` values and the local changelog bookkeeping, and rebuilds the
+/// memory from RocksDB (module docs): one scan of `sessions` (timer index; states cached
+/// while the budget has room), the outbox and the tenants.
+fn reload(db: &DB, state: &mut StoreState) -> Result<(), Error> {
+    let as_i64 = |v: Option<u64>| v.map(|v| v as i64);
+    let meta = Meta {
+        offset: as_i64(meta_u64(db, META_OFFSET)?),
+        partition_time: as_i64(meta_u64(db, META_PARTITION_TIME)?),
+        next_seq: meta_u64(db, META_OUTBOX_NEXT_SEQ)?.unwrap_or(0),
+        outbox_len: meta_u64(db, META_OUTBOX_LEN)?.unwrap_or(0),
+        sessions: meta_u64(db, META_SESSIONS)?.unwrap_or(0),
+        open_rounds: meta_u64(db, META_OPEN_ROUNDS)?.unwrap_or(0),
+    };
+    state.changelog_dirty = meta_u64(db, changelog::META_CHANGELOG_DIRTY)? == Some(1);
+    state.changelog_next = as_i64(meta_u64(db, changelog::META_CHANGELOG_NEXT)?);
+    state.writer_id = meta_u64(db, changelog::META_WRITER_ID)?;
+    let mem = &mut state.mem;
+    mem.clear();
+    mem.current = mem::Current {
+        offset: meta.offset,
+        partition_time: meta.partition_time,
+        next_seq: meta.next_seq,
+        sessions: meta.sessions,
+        open_rounds: meta.open_rounds,
+        position_dirty: false,
+    };
+    mem.durable_seq = meta.next_seq;
+
+    let mut it = db.raw_iterator_cf(cf(db, CF_SESSIONS));
+    it.seek_to_first();
+    while let (Some(k), Some(v)) = (it.key(), it.value()) {
+        let key = keys::decode_session_key(k).map_err(|reason| Error::Corrupt {
+            cf: CF_SESSIONS,
+            key: keys::printable(k),
+            reason,
+        })?;
+        let (due, _) = keys::session_due(k, v)?;
+        if let Some(d) = due {
+            mem.timers.insert((d, key.clone()));
+        }
+        if mem.complete {
+            let (_, s) = keys::decode_session(k, v)?;
+            if mem.has_room(Mem::bytes_of(&key, &s)) {
+                mem.insert_clean(&key, Some(s), due);
+            } else {
+                mem.complete = false;
+            }
+        }
+        it.next();
+    }
+    it.status().map_err(|source| Error::Read {
+        cf: CF_SESSIONS,
+        source,
+    })?;
+    drop(it);
+
+    let head = meta_u64(db, META_OUTBOX_HEAD)?.unwrap_or(0);
+    let mut it = db.raw_iterator_cf(cf(db, CF_OUTBOX));
+    it.seek(keys::outbox_key(head));
+    while let (Some(k), Some(v)) = (it.key(), it.value()) {
+        let seq = keys::decode_outbox_key(k).map_err(|reason| Error::Corrupt {
+            cf: CF_OUTBOX,
+            key: keys::printable(k),
+            reason,
+        })?;
+        mem.outbox.insert(seq, keys::decode_emission(k, v)?);
+        it.next();
+    }
+    it.status().map_err(|source| Error::Read {
+        cf: CF_OUTBOX,
+        source,
+    })?;
+    drop(it);
+
+    let mut it = db.raw_iterator_cf(cf(db, CF_TENANTS));
+    it.seek_to_first();
+    while let (Some(k), Some(v)) = (it.key(), it.value()) {
+        let name = std::str::from_utf8(k).map_err(|e| Error::Corrupt {
+            cf: CF_TENANTS,
+            key: keys::printable(k),
+            reason: format!("tenant name is not UTF-8: {e}"),
+        })?;
+        let stats = keys::decode_tenant(k, v)?;
+        mem.ages.touch(name, stats.last_seen);
+        mem.tenants.insert(name.into(), stats);
+        it.next();
+    }
+    it.status().map_err(|source| Error::Read {
+        cf: CF_TENANTS,
+        source,
+    })?;
+    state.meta = meta;
+    Ok(())
+}
+
+fn meta_raw(db: &DB, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+    db.get_cf(cf(db, CF_META), key)
+        .map_err(|source| Error::Read {
+            cf: CF_META,
+            source,
+        })
+}
+
+fn meta_u64(db: &DB, key: &[u8]) -> Result<Option<u64>, Error> {
+    meta_raw(db, key)?
+        .map(|v| keys::decode_meta_u64(key, &v))
+        .transpose()
+}
+
+/// The RocksDB store of one partition with its in-memory state (see the module docs for
+/// layout, modes and invariants). Owned by the partition task; `Send`, not shared.
 pub struct PartitionStore {
     db: DB,
     path: PathBuf,
@@ -188,16 +429,17 @@ impl std::fmt::Debug for PartitionStore {
 
 impl PartitionStore {
     /// Opens (creating if missing, directories included) the store at `path` with its own
-    /// [`MemoryBudget`]. A process owning several partitions should share one budget through
-    /// [`PartitionStore::open_with_budget`].
+    /// [`MemoryBudget`], in write-through mode. A process owning several partitions should
+    /// share one budget through [`PartitionStore::open_with_budget`]. Reads the whole store
+    /// into memory (the timer index and outbox; sessions up to the budget).
     ///
     /// Errors: [`Error::Open`], [`Error::Format`] (written by another layout version),
-    /// [`Error::Read`] / [`Error::Corrupt`] reading `meta`, [`Error::Write`] initialising it.
+    /// [`Error::Read`] / [`Error::Corrupt`] reading it, [`Error::Write`] initialising it.
     pub fn open(path: &Path, options: &StoreOptions) -> Result<Self, Error> {
         Self::open_with_budget(path, options, &MemoryBudget::new(options))
     }
 
-    /// [`PartitionStore::open`] with a shared block cache and memtable budget.
+    /// [`PartitionStore::open`] with a shared block cache, memtable and session-cache budget.
     pub fn open_with_budget(
         path: &Path,
         options: &StoreOptions,
@@ -208,36 +450,34 @@ impl PartitionStore {
             reason,
         };
         std::fs::create_dir_all(path).map_err(|e| open_err(e.to_string()))?;
+        refuse_format_1(path)?;
         let db = DB::open_cf_descriptors(
             &options::db_options(options, budget),
             path,
             options::column_families(options, budget),
         )
         .map_err(|e| open_err(e.into_string()))?;
-        let store = Self::from_db(db, path, options)?;
-        if store.meta_u64(META_FORMAT_VERSION)?.is_none() {
+        if meta_u64(&db, META_FORMAT_VERSION)?.is_none() {
             let mut wb = WriteBatch::default();
             wb.put_cf(
-                cf(&store.db, CF_META),
+                cf(&db, CF_META),
                 META_FORMAT_VERSION,
                 FORMAT_VERSION.to_be_bytes(),
             );
-            store
-                .db
-                .write_opt(wb, &store.state.write_opts)
+            db.write_opt(wb, &options::write_options(options))
                 .map_err(Error::Write)?;
         }
-        store.check_version()?;
-        Ok(store)
+        Self::from_db(db, path, options, budget)
     }
 
     /// Opens an existing store read-only (for `settle inspect` next to a running processor:
     /// it takes no lock and sees the store as of opening). Every write ([`Batch::commit`],
-    /// [`PartitionStore::outbox_ack`]) fails with [`Error::Write`].
+    /// [`PartitionStore::outbox_ack`], [`PartitionStore::flush`]) fails with [`Error::Write`].
     ///
     /// Errors: [`Error::Open`] (also when no store exists at `path`), [`Error::Format`].
     pub fn open_read_only(path: &Path, options: &StoreOptions) -> Result<Self, Error> {
         let budget = MemoryBudget::new(options);
+        refuse_format_1(path)?;
         let db = DB::open_cf_descriptors_read_only(
             &options::db_options(options, &budget),
             path,
@@ -248,17 +488,30 @@ impl PartitionStore {
             path: path.to_path_buf(),
             reason: e.into_string(),
         })?;
-        let store = Self::from_db(db, path, options)?;
-        store.check_version()?;
-        Ok(store)
+        Self::from_db(db, path, options, &budget)
     }
 
-    fn from_db(db: DB, path: &Path, options: &StoreOptions) -> Result<Self, Error> {
+    fn from_db(
+        db: DB,
+        path: &Path,
+        options: &StoreOptions,
+        budget: &MemoryBudget,
+    ) -> Result<Self, Error> {
         if let Some(missing) = COLUMN_FAMILIES.iter().find(|n| db.cf_handle(n).is_none()) {
             return Err(Error::Open {
                 path: path.to_path_buf(),
                 reason: format!("column family {missing} missing"),
             });
+        }
+        match meta_u64(&db, META_FORMAT_VERSION)? {
+            Some(FORMAT_VERSION) | None => {}
+            Some(found) => {
+                return Err(Error::Format {
+                    path: path.to_path_buf(),
+                    found,
+                    expected: FORMAT_VERSION,
+                })
+            }
         }
         let mut store = PartitionStore {
             db,
@@ -266,69 +519,18 @@ impl PartitionStore {
             state: StoreState {
                 write_opts: options::write_options(options),
                 meta: Meta::default(),
+                mem: Mem::new(budget.sessions.clone()),
+                write_behind: false,
                 fail_commits: 0,
                 recording: false,
                 changes: Vec::new(),
                 changelog_dirty: false,
                 changelog_next: None,
                 writer_id: None,
-                tenants: TenantAges::new(),
             },
         };
-        store.load_meta()?;
+        reload(&store.db, &mut store.state)?;
         Ok(store)
-    }
-
-    /// Reads the committed `meta` values into memory (at open and after a restore).
-    fn load_meta(&mut self) -> Result<(), Error> {
-        let store = self;
-        let as_i64 = |v: Option<u64>| v.map(|v| v as i64);
-        let meta = Meta {
-            offset: as_i64(store.meta_u64(META_OFFSET)?),
-            partition_time: as_i64(store.meta_u64(META_PARTITION_TIME)?),
-            next_seq: store.meta_u64(META_OUTBOX_NEXT_SEQ)?.unwrap_or(0),
-            outbox_head: store.meta_u64(META_OUTBOX_HEAD)?.unwrap_or(0),
-            outbox_len: store.meta_u64(META_OUTBOX_LEN)?.unwrap_or(0),
-            sessions: store.meta_u64(META_SESSIONS)?.unwrap_or(0),
-            open_rounds: store.meta_u64(META_OPEN_ROUNDS)?.unwrap_or(0),
-            timer_floor: store.meta_raw(META_TIMER_FLOOR)?.unwrap_or_default(),
-        };
-        store.state.meta = meta;
-        store.state.changelog_dirty = store.meta_u64(changelog::META_CHANGELOG_DIRTY)? == Some(1);
-        store.state.changelog_next = as_i64(store.meta_u64(changelog::META_CHANGELOG_NEXT)?);
-        store.state.writer_id = store.meta_u64(changelog::META_WRITER_ID)?;
-        let mut tenants = TenantAges::new();
-        for (name, stats) in store.tenants()? {
-            tenants.touch(&name, stats.last_seen);
-        }
-        store.state.tenants = tenants;
-        Ok(())
-    }
-
-    fn check_version(&self) -> Result<(), Error> {
-        match self.meta_u64(META_FORMAT_VERSION)? {
-            Some(FORMAT_VERSION) | None => Ok(()),
-            Some(found) => Err(Error::Format {
-                path: self.path.clone(),
-                found,
-                expected: FORMAT_VERSION,
-            }),
-        }
-    }
-
-    fn meta_raw(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
-        self.db
-            .get_cf(cf(&self.db, CF_META), key)
-            .map_err(|source| Error::Read {
-                cf: CF_META,
-                source,
-            })
-    }
-
-    fn meta_u64(&self, key: &[u8]) -> Result<Option<u64>, Error> {
-        self.meta_raw(key)?
-            .map(|v| keys::decode_meta_u64(key, &v))
-            .transpose()
     }
 
     /// The store directory.
@@ -336,217 +538,181 @@ impl PartitionStore {
         &self.path
     }
 
-    /// Starts the changes of one input batch. Nothing is stored until [`Batch::commit`].
+    /// Write-behind mode on (the runtime) or off (write-through; the default): see the module
+    /// docs. Turning it off flushes what is owed first.
+    ///
+    /// Errors: those of [`PartitionStore::flush`].
+    pub fn set_write_behind(&mut self, on: bool) -> Result<(), Error> {
+        if !on {
+            self.flush()?;
+        }
+        self.state.write_behind = on;
+        Ok(())
+    }
+
+    /// Writes everything committed to memory since the last flush — each changed key's
+    /// latest state and timer, new outbox entries, deletes of acknowledged ones, tenants'
+    /// statistics, offset, partition time, counters — in ONE RocksDB write batch, recorded
+    /// for the changelog when recording. Then evicts clean sessions past the budget. Does
+    /// nothing when nothing is owed.
+    ///
+    /// Errors: [`Error::Write`], [`Error::InjectedFault`], [`Error::Encode`]: nothing is
+    /// stored, and the memory is reloaded from RocksDB (the store is its last durable
+    /// state); a [`Error::Read`]/[`Error::Corrupt`] of that reload.
+    pub fn flush(&mut self) -> Result<FlushReport, Error> {
+        flush_state(&self.db, &mut self.state)
+    }
+
+    /// True when memory holds changes not yet flushed.
+    pub fn unflushed(&self) -> bool {
+        self.state.mem.unflushed()
+    }
+
+    /// Keys changed since the last flush (the dirty-key cap `store.flush-max-dirty` is
+    /// checked against it).
+    pub fn dirty_keys(&self) -> usize {
+        self.state.mem.dirty.len()
+    }
+
+    /// Bytes of session state this store holds in memory (approximate, as charged to the
+    /// session-cache budget).
+    pub fn cached_bytes(&self) -> usize {
+        self.state.mem.charged()
+    }
+
+    /// Session keys cached in memory.
+    pub fn cached_sessions(&self) -> usize {
+        self.state.mem.entries.len()
+    }
+
+    /// Starts the changes of one input batch. Nothing changes until [`Batch::commit`].
     pub fn batch(&mut self) -> Batch<'_> {
         Batch::new(&self.db, &mut self.state)
     }
 
-    /// The input offset stored by the last committed batch that set one (`None`: never).
+    /// The input offset stored by the last durable write that set one (`None`: never). In
+    /// write-behind mode, the offset of the last flush: where a restart resumes.
     pub fn stored_offset(&self) -> Option<i64> {
         self.state.meta.offset
     }
 
-    /// The partition time (ms, SEMANTICS §3) stored by the last committed batch that set one.
+    /// The partition time (ms, SEMANTICS §3) of the last durable write that set one.
     pub fn partition_time(&self) -> Option<Millis> {
         self.state.meta.partition_time
     }
 
-    /// Keys with state (an open round or only a CallTrack waiting for its `state-ttl`).
-    /// Kept as a counter in `meta`: O(1).
+    /// Keys with state (an open round or only a CallTrack waiting for its `state-ttl`), as
+    /// of the last commit. O(1).
     pub fn session_count(&self) -> u64 {
-        self.state.meta.sessions
+        self.state.mem.current.sessions
     }
 
-    /// Keys with an open round: the rounds still to be emitted or to end silently. Kept as
-    /// a counter in `meta`: O(1).
+    /// Keys with an open round: the rounds still to be emitted or to end silently, as of the
+    /// last commit. O(1).
     pub fn pending_rounds(&self) -> u64 {
-        self.state.meta.open_rounds
+        self.state.mem.current.open_rounds
     }
 
-    /// Owed emissions (written, not yet acknowledged by the sink). O(1).
+    /// Owed emissions (committed, not yet acknowledged by the sink; flushed or not). O(1).
     pub fn outbox_len(&self) -> u64 {
-        self.state.meta.outbox_len
+        self.state.mem.outbox.len() as u64
     }
 
-    /// The committed state of `key`. Errors: [`Error::Read`], [`Error::Corrupt`].
+    /// The state of `key` as of the last commit. Errors: [`Error::Read`], [`Error::Corrupt`].
     pub fn session(&self, key: &SessionKey) -> Result<Option<SessionState>, Error> {
-        batch::read_state(&self.db, key)
+        let mem = &self.state.mem;
+        if let Some(e) = mem.entries.get(key) {
+            return Ok(e.state.clone());
+        }
+        if mem.complete {
+            return Ok(None);
+        }
+        Ok(batch::read_session(&self.db, key)?.map(|(_, s)| s))
     }
 
     /// Tenants with learned-delay statistics (at most `engine::MAX_LEARNED_TENANTS`). O(1).
     pub fn tenant_count(&self) -> usize {
-        self.state.tenants.len()
+        self.state.mem.tenants.len()
     }
 
-    /// The committed learned-delay statistics of `tenant`. Errors: [`Error::Read`],
-    /// [`Error::Corrupt`].
+    /// The learned-delay statistics of `tenant`. Errors: none today (kept for a store that
+    /// pages tenants).
     pub fn tenant(&self, tenant: &str) -> Result<Option<TenantStats>, Error> {
-        batch::read_tenant(&self.db, tenant)
+        Ok(self.state.mem.tenants.get(tenant).cloned())
     }
 
-    /// Every tenant's committed learned-delay statistics, by tenant name (at most
-    /// `engine::MAX_LEARNED_TENANTS` entries). Errors: [`Error::Read`], [`Error::Corrupt`].
+    /// Every tenant's learned-delay statistics, by tenant name (at most
+    /// `engine::MAX_LEARNED_TENANTS` entries). Errors: none today.
     pub fn tenants(&self) -> Result<Vec<(String, TenantStats)>, Error> {
-        let mut it = self.db.raw_iterator_cf(cf(&self.db, CF_TENANTS));
-        it.seek_to_first();
-        let mut out = Vec::new();
-        while let (Some(k), Some(v)) = (it.key(), it.value()) {
-            let name = std::str::from_utf8(k).map_err(|e| Error::Corrupt {
-                cf: CF_TENANTS,
-                key: keys::printable(k),
-                reason: format!("tenant name is not UTF-8: {e}"),
-            })?;
-            out.push((name.to_owned(), keys::decode_tenant(k, v)?));
-            it.next();
-        }
-        it.status().map_err(|source| Error::Read {
-            cf: CF_TENANTS,
-            source,
-        })?;
+        let mut out: Vec<(String, TenantStats)> = self
+            .state
+            .mem
+            .tenants
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        out.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         Ok(out)
     }
 
-    /// The first `limit` timers `(due ms, key)` in firing order. Errors: [`Error::Read`],
-    /// [`Error::Corrupt`].
+    /// The first `limit` timers `(due ms, key)` in firing order. Errors: none today.
     pub fn timers(&self, limit: usize) -> Result<Vec<(Millis, SessionKey)>, Error> {
-        let mut it = self.db.raw_iterator_cf(cf(&self.db, CF_TIMERS));
-        it.seek(&self.state.meta.timer_floor);
-        let mut out = Vec::with_capacity(limit.min(1024));
-        while out.len() < limit {
-            let Some(k) = it.key() else { break };
-            out.push(keys::decode_timer_key(k).map_err(|reason| Error::Corrupt {
-                cf: CF_TIMERS,
-                key: keys::printable(k),
-                reason,
-            })?);
-            it.next();
-        }
-        it.status().map_err(|source| Error::Read {
-            cf: CF_TIMERS,
-            source,
-        })?;
-        Ok(out)
+        Ok(self.state.mem.timers.iter().take(limit).cloned().collect())
     }
 
     /// The earliest timer `(due ms, key)`: when the partition task must wake next.
     pub fn next_timer(&self) -> Result<Option<(Millis, SessionKey)>, Error> {
-        Ok(self.timers(1)?.pop())
+        Ok(self.state.mem.timers.first().cloned())
     }
 
-    /// The first `limit` owed emissions in FIFO order.
+    /// The first `limit` owed durable emissions in FIFO order.
     pub fn outbox_peek(&mut self, limit: usize) -> Result<Vec<OutboxEntry>, Error> {
         self.outbox_peek_from(0, limit)
     }
 
-    /// The first `limit` owed emissions with `seq ≥ from`, in FIFO order (lets a publisher
-    /// with emissions in flight read past them). Errors: [`Error::Read`], [`Error::Corrupt`].
+    /// The first `limit` owed emissions with `seq ≥ from` that are durable (flushed), in
+    /// FIFO order (lets a publisher with emissions in flight read past them). Errors: none
+    /// today.
     pub fn outbox_peek_from(&mut self, from: u64, limit: usize) -> Result<Vec<OutboxEntry>, Error> {
-        let head = self.state.meta.outbox_head;
-        let mut it = self.db.raw_iterator_cf(cf(&self.db, CF_OUTBOX));
-        it.seek(keys::outbox_key(from.max(head)));
-        let mut out = Vec::with_capacity(limit.min(1024));
-        while out.len() < limit {
-            let (Some(k), Some(v)) = (it.key(), it.value()) else {
-                break;
-            };
-            let corrupt = |reason| Error::Corrupt {
-                cf: CF_OUTBOX,
-                key: keys::printable(k),
-                reason,
-            };
-            let seq = keys::decode_outbox_key(k).map_err(corrupt)?;
-            let emission = keys::decode_emission(k, v)?;
-            out.push(OutboxEntry { seq, emission });
-            it.next();
-        }
-        it.status().map_err(|source| Error::Read {
-            cf: CF_OUTBOX,
-            source,
-        })?;
-        if from <= head && limit > 0 {
-            // Nothing is owed below the first entry found (or at all, if none): later
-            // reads seek there instead of walking the tombstones of acknowledged entries.
-            self.state.meta.outbox_head = out.first().map_or(self.state.meta.next_seq, |e| e.seq);
-        }
-        Ok(out)
+        let mem = &self.state.mem;
+        Ok(mem
+            .outbox
+            .range(from..mem.durable_seq.max(from))
+            .take(limit)
+            .map(|(&seq, e)| OutboxEntry {
+                seq,
+                emission: e.clone(),
+            })
+            .collect())
     }
 
     /// Deletes the acknowledged emissions `seqs` (call only after the sink acknowledged
-    /// them). Unknown or already acknowledged numbers are ignored. One RocksDB write,
-    /// counters included. Returns how many entries were deleted.
+    /// them). Unknown or already acknowledged numbers are ignored. Write-through: one
+    /// RocksDB write, counters included; write-behind: the deletes go with the next flush.
+    /// Returns how many entries were deleted.
     ///
-    /// Errors: [`Error::Read`], [`Error::Write`].
+    /// Errors (write-through): those of [`PartitionStore::flush`].
     pub fn outbox_ack(&mut self, seqs: &[u64]) -> Result<usize, Error> {
-        let outbox = cf(&self.db, CF_OUTBOX);
-        let mut acked = std::collections::BTreeSet::new();
-        // Which of them are still owed: one batched lookup of the distinct keys in key order.
-        let mut wanted = seqs.to_vec();
-        wanted.sort_unstable();
-        wanted.dedup();
-        let wanted_keys: Vec<[u8; 8]> = wanted.iter().map(|&s| keys::outbox_key(s)).collect();
-        let found = self.db.batched_multi_get_cf(outbox, &wanted_keys, true);
-        for ((&seq, _), value) in wanted.iter().zip(&wanted_keys).zip(found) {
-            let present = value
-                .map_err(|source| Error::Read {
-                    cf: CF_OUTBOX,
-                    source,
-                })?
-                .is_some();
-            if present {
-                acked.insert(seq);
+        let mem = &mut self.state.mem;
+        let mut deleted = 0;
+        for &seq in seqs {
+            if mem.outbox.remove(&seq).is_some() {
+                deleted += 1;
+                if seq < mem.durable_seq {
+                    mem.acked.push(seq);
+                }
             }
         }
-        let deleted = acked.len();
-        if deleted == 0 {
-            return Ok(0);
+        if deleted > 0 && !self.state.write_behind {
+            self.flush()?;
         }
-        // Move the head past what this ack deletes (acks mostly come in FIFO order), so
-        // reads never walk the tombstones of acknowledged entries.
-        let head = self.outbox_first_live(&acked)?;
-        let len = self.state.meta.outbox_len.saturating_sub(deleted as u64);
-        let state = &mut self.state;
-        let mut recorded = Vec::new();
-        let mut w = changelog::Writes::new(&self.db, state.recording.then_some(&mut recorded));
-        for &seq in &acked {
-            w.delete(CF_OUTBOX, &keys::outbox_key(seq));
-        }
-        w.put(CF_META, META_OUTBOX_LEN, &len.to_be_bytes());
-        w.put(CF_META, META_OUTBOX_HEAD, &head.to_be_bytes());
-        let stamp = state.stamp(&mut w);
-        w.write(&state.write_opts)?;
-        state.changes.append(&mut recorded);
-        state.stamped(stamp);
-        state.meta.outbox_len = len;
-        state.meta.outbox_head = head;
         Ok(deleted)
     }
 
-    /// The first outbox entry at or above the head that is not in `skip` (its sequence
-    /// number), or the next sequence number if there is none.
-    fn outbox_first_live(&self, skip: &std::collections::BTreeSet<u64>) -> Result<u64, Error> {
-        let mut it = self.db.raw_iterator_cf(cf(&self.db, CF_OUTBOX));
-        it.seek(keys::outbox_key(self.state.meta.outbox_head));
-        while let Some(k) = it.key() {
-            let seq = keys::decode_outbox_key(k).map_err(|reason| Error::Corrupt {
-                cf: CF_OUTBOX,
-                key: keys::printable(k),
-                reason,
-            })?;
-            if !skip.contains(&seq) {
-                return Ok(seq);
-            }
-            it.next();
-        }
-        it.status().map_err(|source| Error::Read {
-            cf: CF_OUTBOX,
-            source,
-        })?;
-        Ok(self.state.meta.next_seq)
-    }
-
-    /// Flushes memtables to disk (all column families together). Needed only with the WAL
-    /// off, before a planned stop; closing the store flushes too. Errors: [`Error::Write`].
-    pub fn flush(&self) -> Result<(), Error> {
+    /// Flushes RocksDB's memtables to disk (all column families together). Needed only with
+    /// the WAL off, before a planned stop; closing the store flushes too. Does not write
+    /// what memory owes: that is [`PartitionStore::flush`]. Errors: [`Error::Write`].
+    pub fn flush_memtables(&self) -> Result<(), Error> {
         let cfs: Vec<&ColumnFamily> = COLUMN_FAMILIES.iter().map(|n| cf(&self.db, n)).collect();
         self.db
             .flush_cfs_opt(&cfs, &rocksdb::FlushOptions::default())
@@ -602,7 +768,8 @@ impl PartitionStore {
         Ok(())
     }
 
-    /// True when the store holds nothing: no input offset, no key, no outbox entry ever.
+    /// True when the store holds nothing durable: no input offset, no key, no outbox entry
+    /// ever.
     pub fn is_empty(&self) -> bool {
         let m = &self.state.meta;
         m.offset.is_none() && m.sessions == 0 && m.next_seq == 0 && m.partition_time.is_none()
@@ -611,12 +778,13 @@ impl PartitionStore {
     /// Applies changelog records `(changelog offset, change)` in one RocksDB write and moves
     /// the checkpoint past the last one (the store stays clean: it equals the changelog below
     /// the checkpoint). Records must come in changelog order; a restore applies the
-    /// changelog in chunks. Reloads the in-memory `meta` afterwards. Returns the number of
-    /// records applied.
+    /// changelog in chunks. Reloads the memory afterwards. Call with nothing unflushed.
+    /// Returns the number of records applied.
     ///
     /// Errors: [`Error::Corrupt`] for a key that names no column family of this layout or a
     /// local-only key (see [`split_changelog_key`]); nothing of the chunk is stored then.
-    /// [`Error::Write`], [`Error::Read`].
+    /// [`Error::Write`], [`Error::Read`], [`Error::Format`] (the changelog carries a store of
+    /// another format version).
     pub fn restore<'c>(
         &mut self,
         records: impl IntoIterator<Item = (i64, &'c Change)>,
@@ -638,16 +806,27 @@ impl PartitionStore {
         w.put_local(changelog::META_CHANGELOG_NEXT, &(last + 1).to_be_bytes());
         w.put_local(changelog::META_CHANGELOG_DIRTY, &0u64.to_be_bytes());
         w.write(&self.state.write_opts)?;
-        self.load_meta()?;
-        self.check_version()?;
+        match meta_u64(&self.db, META_FORMAT_VERSION)? {
+            Some(FORMAT_VERSION) | None => {}
+            Some(found) => {
+                return Err(Error::Format {
+                    path: self.path.clone(),
+                    found,
+                    expected: FORMAT_VERSION,
+                })
+            }
+        }
+        reload(&self.db, &mut self.state)?;
         Ok(n)
     }
 
     /// Every record of the store as a change (all column families, local-only `meta` keys
-    /// left out), for seeding an empty changelog from a store that predates it.
+    /// left out), for seeding an empty changelog from a store that predates it. Flushes what
+    /// memory owes first.
     ///
-    /// Errors: [`Error::Read`].
-    pub fn snapshot_changes(&self) -> Result<Vec<Change>, Error> {
+    /// Errors: those of [`PartitionStore::flush`]; [`Error::Read`].
+    pub fn snapshot_changes(&mut self) -> Result<Vec<Change>, Error> {
+        self.flush()?;
         let mut out = Vec::new();
         for name in COLUMN_FAMILIES {
             let mut it = self.db.raw_iterator_cf(cf(&self.db, name));
@@ -673,55 +852,55 @@ impl PartitionStore {
         self.state.writer_id
     }
 
-    /// Rebuilds the `timers` column family from the sessions (timers are not on the
-    /// changelog, see [`changelog`]): deletes every timer, then sets one timer per key with
-    /// state at `next_due(key, state)` (ms; `engine::Engine::next_due`), and the timer floor.
-    /// Writes in chunks of 10 000 keys. Returns the number of timers set.
+    /// Sets every key's timer to `next_due(key, state)` (ms; `engine::Engine::next_due`),
+    /// e.g. after a restore from a changelog written under another policy config: the stored
+    /// value of each key whose timer differs is rewritten (not recorded: the changelog's
+    /// values are the previous owner's), then the memory is reloaded. Flushes what memory
+    /// owes first; writes in chunks of 10 000 keys. Returns the number of timers (keys with
+    /// state).
     ///
-    /// Errors: [`Error::Read`], [`Error::Corrupt`] (a session value that does not decode),
-    /// [`Error::Write`].
+    /// Errors: those of [`PartitionStore::flush`], [`Error::Read`], [`Error::Corrupt`] (a
+    /// session value that does not decode), [`Error::Write`].
     pub fn rebuild_timers(
         &mut self,
         next_due: impl Fn(&SessionKey, &SessionState) -> Millis,
     ) -> Result<u64, Error> {
-        let timers = cf(&self.db, CF_TIMERS);
+        self.flush()?;
+        let sessions = cf(&self.db, CF_SESSIONS);
         let mut wb = WriteBatch::default();
-        wb.delete_range_cf(timers, &[][..], &keys::TIMER_FLOOR_END[..]);
-        let mut first: Option<Vec<u8>> = None;
         let mut set = 0u64;
-        let mut it = self.db.raw_iterator_cf(cf(&self.db, keys::CF_SESSIONS));
+        let mut buf = Vec::new();
+        let mut it = self.db.raw_iterator_cf(sessions);
         it.seek_to_first();
         while let (Some(k), Some(v)) = (it.key(), it.value()) {
             let key = keys::decode_session_key(k).map_err(|reason| Error::Corrupt {
-                cf: keys::CF_SESSIONS,
+                cf: CF_SESSIONS,
                 key: keys::printable(k),
                 reason,
             })?;
-            let state = keys::decode_state(k, v)?;
-            let timer = keys::timer_key(next_due(&key, &state), &key);
-            if first.as_ref().is_none_or(|f| timer < *f) {
-                first = Some(timer.clone());
+            let (due, state) = keys::decode_session(k, v)?;
+            let want = next_due(&key, &state);
+            if due != Some(want) {
+                buf = keys::encode_session_into(Some(want), &state, buf)?;
+                wb.put_cf(sessions, k, &buf);
+                if wb.len() >= 10_000 {
+                    self.db
+                        .write_opt(std::mem::take(&mut wb), &self.state.write_opts)
+                        .map_err(Error::Write)?;
+                }
             }
-            wb.put_cf(timers, timer, []);
             set += 1;
-            if set % 10_000 == 0 {
-                self.db
-                    .write_opt(std::mem::take(&mut wb), &self.state.write_opts)
-                    .map_err(Error::Write)?;
-            }
             it.next();
         }
         it.status().map_err(|source| Error::Read {
-            cf: keys::CF_SESSIONS,
+            cf: CF_SESSIONS,
             source,
         })?;
         drop(it);
-        let floor = first.unwrap_or_else(|| keys::TIMER_FLOOR_END.to_vec());
-        wb.put_cf(cf(&self.db, CF_META), META_TIMER_FLOOR, &floor);
         self.db
             .write_opt(wb, &self.state.write_opts)
             .map_err(Error::Write)?;
-        self.state.meta.timer_floor = floor;
+        reload(&self.db, &mut self.state)?;
         Ok(set)
     }
 
@@ -740,12 +919,30 @@ impl PartitionStore {
         }
     }
 
-    /// Fault injection for tests and crash drills: the next `count` commits fail with
-    /// [`Error::InjectedFault`] after the write batch is built, storing nothing, exactly as
-    /// if RocksDB had refused it. The runtime never calls this.
+    /// Fault injection for tests and crash drills: the next `count` RocksDB writes of
+    /// commits and flushes fail with [`Error::InjectedFault`] after the write batch is built,
+    /// storing nothing, exactly as if RocksDB had refused it. The runtime never calls this.
     pub fn fail_next_commits(&mut self, count: u32) {
         self.state.fail_commits = count;
     }
+}
+
+/// A store of format 1 (store v1: timers in a column family of their own) cannot be opened
+/// as format 2 (RocksDB would refuse the unknown column family with a message about options):
+/// say what it is and what to do.
+fn refuse_format_1(path: &Path) -> Result<(), Error> {
+    let Ok(cfs) = DB::list_cf(&rocksdb::Options::default(), path) else {
+        // No store there yet (or unreadable: opening says why).
+        return Ok(());
+    };
+    if cfs.iter().any(|c| c == CF_TIMERS_V1) {
+        return Err(Error::Format {
+            path: path.to_path_buf(),
+            found: 1,
+            expected: FORMAT_VERSION,
+        });
+    }
+    Ok(())
 }
 
 /// The handle of a column family the store opened.
@@ -776,9 +973,15 @@ mod tests {
         let key = SessionKey::new("acme", "run-7");
         store
             .db
-            .put_cf(cf(&store.db, keys::CF_SESSIONS), key.as_str(), [0xFF, 0xFF])
+            .put_cf(
+                cf(&store.db, keys::CF_SESSIONS),
+                key.as_str(),
+                [0, 0xFF, 0xFF],
+            )
             .unwrap();
-        let err = store.session(&key).unwrap_err();
+        drop(store);
+        // Every stored session is read at open: the corrupt one is reported there.
+        let err = PartitionStore::open(dir.path(), &StoreOptions::default()).unwrap_err();
         assert!(
             matches!(&err, Error::Corrupt { cf: "sessions", key, .. } if key == "acme/run-7"),
             "{err}"

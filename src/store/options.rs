@@ -5,9 +5,13 @@
 //! capped together by ONE write-buffer manager of `memtable_budget_bytes` (writers stall
 //! when it is full). Stores opened with the same [`MemoryBudget`] share both, so the process
 //! holds about `block_cache_bytes + memtable_budget_bytes` of RocksDB memory however many
-//! partitions it owns and however many sessions are pending; sessions live on disk.
+//! partitions it owns and however many sessions are pending. In front of RocksDB, the
+//! sessions cached in memory are bounded by ONE [`CacheBudget`] of `session_cache_bytes`
+//! per [`MemoryBudget`] (clean entries evicted least recently used past it); the timer
+//! index (a few dozen bytes per stored key) and the owed emissions are not in it.
 
-use super::keys::{CF_META, CF_OUTBOX, CF_SESSIONS, CF_TENANTS, CF_TIMERS, COLUMN_FAMILIES};
+use super::keys::{CF_META, CF_OUTBOX, CF_SESSIONS, CF_TENANTS, COLUMN_FAMILIES};
+use super::mem::CacheBudget;
 use rocksdb::{
     BlockBasedOptions, Cache, ColumnFamilyDescriptor, DBCompressionType, Options,
     WriteBufferManager, WriteOptions,
@@ -20,7 +24,7 @@ const MIB: usize = 1024 * 1024;
 pub struct StoreOptions {
     /// LRU block cache shared by the stores of one [`MemoryBudget`] (bytes). Default 64 MiB.
     pub block_cache_bytes: usize,
-    /// Memtable size of the `sessions`, `timers` and `outbox` column families (bytes): a
+    /// Memtable size of the `sessions` and `outbox` column families (bytes): a
     /// memtable is flushed to disk when it reaches this. Default 16 MiB.
     pub write_buffer_bytes: usize,
     /// Cap on all memtables of the stores of one [`MemoryBudget`] together (bytes); writers
@@ -34,6 +38,9 @@ pub struct StoreOptions {
     /// process crash (kill -9, SEMANTICS §6) but not against losing the machine, which the
     /// changelog covers.
     pub sync: bool,
+    /// Session state cached in memory by the stores of one [`MemoryBudget`] (bytes,
+    /// approximate; `store.session-cache`). Default 64 MiB.
+    pub session_cache_bytes: usize,
 }
 
 impl Default for StoreOptions {
@@ -44,6 +51,7 @@ impl Default for StoreOptions {
             memtable_budget_bytes: 64 * MIB,
             wal: true,
             sync: false,
+            session_cache_bytes: 64 * MIB,
         }
     }
 }
@@ -54,11 +62,13 @@ impl Default for StoreOptions {
 pub struct MemoryBudget {
     pub(crate) cache: Cache,
     pub(crate) write_buffers: WriteBufferManager,
+    pub(crate) sessions: CacheBudget,
 }
 
 impl MemoryBudget {
-    /// A budget of `options.block_cache_bytes` of block cache and
-    /// `options.memtable_budget_bytes` of memtables.
+    /// A budget of `options.block_cache_bytes` of block cache,
+    /// `options.memtable_budget_bytes` of memtables and `options.session_cache_bytes` of
+    /// cached sessions.
     pub fn new(options: &StoreOptions) -> Self {
         MemoryBudget {
             cache: Cache::new_lru_cache(options.block_cache_bytes),
@@ -66,6 +76,7 @@ impl MemoryBudget {
                 options.memtable_budget_bytes,
                 true,
             ),
+            sessions: CacheBudget::new(options.session_cache_bytes),
         }
     }
 
@@ -78,6 +89,11 @@ impl MemoryBudget {
     pub fn memtable_usage_bytes(&self) -> usize {
         self.write_buffers.get_usage()
     }
+
+    /// Bytes of session state currently cached by all stores sharing this budget.
+    pub fn session_cache_usage_bytes(&self) -> usize {
+        self.sessions.used()
+    }
 }
 
 impl std::fmt::Debug for MemoryBudget {
@@ -85,6 +101,7 @@ impl std::fmt::Debug for MemoryBudget {
         f.debug_struct("MemoryBudget")
             .field("cache_usage_bytes", &self.cache_usage_bytes())
             .field("memtable_usage_bytes", &self.memtable_usage_bytes())
+            .field("session_cache_usage_bytes", &self.session_cache_usage_bytes())
             .finish()
     }
 }
@@ -94,7 +111,7 @@ pub(crate) fn db_options(options: &StoreOptions, budget: &MemoryBudget) -> Optio
     let mut o = Options::default();
     o.create_if_missing(true);
     o.create_missing_column_families(true);
-    // A commit spans four column families; flushing them together keeps the on-disk state
+    // A flush spans four column families; flushing them together keeps the on-disk state
     // consistent at every flush point even when the WAL is off.
     o.set_atomic_flush(true);
     o.set_write_buffer_manager(&budget.write_buffers);
@@ -136,9 +153,9 @@ fn cf_options(name: &str, options: &StoreOptions, budget: &MemoryBudget) -> Opti
             o.set_memtable_whole_key_filtering(true);
             o.set_write_buffer_size(options.write_buffer_bytes);
         }
-        CF_TIMERS | CF_OUTBOX => {
-            // Queues: inserted ahead, deleted at the head. Files dense with tombstones are
-            // compacted early so the tombstones drop out (reads already seek past them).
+        CF_OUTBOX => {
+            // A queue: inserted ahead, deleted at the head. Files dense with tombstones are
+            // compacted early so the tombstones drop out (the open scan seeks past them).
             o.add_compact_on_deletion_collector_factory(4096, 2048, 0.5);
             o.set_write_buffer_size(options.write_buffer_bytes);
         }

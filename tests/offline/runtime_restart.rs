@@ -188,6 +188,8 @@ async fn a_batch_that_fails_to_write_keeps_the_offset_and_stops_the_partition() 
                 max_backoff: Duration::from_secs(1),
             },
             catch_up_rate: 0,
+            flush_interval: Duration::from_millis(20),
+            flush_max_dirty: 20_000,
         }),
         status: status.clone(),
         metrics: settle::metrics::Metrics::new(),

@@ -1,0 +1,323 @@
+//! The in-memory side of a partition store (store v2, "memory first, RocksDB behind";
+//! ARCHITECTURE § Partition state).
+//!
+//! What it holds, for one partition:
+//!
+//! * **Sessions**: a bounded cache of per-key state ([`Entry`]), with the key's timer. Dirty
+//!   entries (changed since the last flush) are never evicted; clean ones are evicted least
+//!   recently used when the process's session-cache budget ([`CacheBudget`]) is exceeded, and
+//!   read back from RocksDB on a miss. While nothing with state was evicted since the store
+//!   opened (`complete`), a miss needs no RocksDB read at all: the key has no state.
+//! * **Timers**: the whole index `(due, key)` in firing order, for every stored key (evicted
+//!   or not): a few dozen bytes per key. Rebuilt at open from one scan of `sessions` (each
+//!   value starts with its key's timer).
+//! * **Outbox**: every owed emission by sequence number, and the first sequence number not
+//!   yet durable (`durable_seq`): only entries below it may be published (durable first,
+//!   then visible). Acknowledged entries that were already flushed leave a delete for the
+//!   next flush.
+//! * **Tenants**: every tenant's learned-delay statistics (at most
+//!   `engine::MAX_LEARNED_TENANTS`) and their eviction order.
+//! * The current counters, input offset and partition time, ahead of the durable ones in
+//!   `meta` until the next flush.
+//!
+//! Invariant: `timers` holds exactly one `(due, key)` for each key whose entry (cached or
+//! stored) has a timer, and nothing else; `dirty` lists each dirty entry's key once.
+
+use crate::engine::{Emission, Millis, SessionKey, SessionState, TenantAges, TenantStats};
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// The session-cache budget shared by the stores of one process (bytes, approximate: key and
+/// state bytes plus a fixed per-entry overhead). Cheap to clone: clones share the count.
+#[derive(Clone, Debug)]
+pub struct CacheBudget {
+    inner: Arc<BudgetInner>,
+}
+
+#[derive(Debug)]
+struct BudgetInner {
+    limit: usize,
+    used: AtomicUsize,
+}
+
+impl CacheBudget {
+    /// A budget of `limit` bytes (`store.session-cache`).
+    pub fn new(limit: usize) -> Self {
+        CacheBudget {
+            inner: Arc::new(BudgetInner {
+                limit,
+                used: AtomicUsize::new(0),
+            }),
+        }
+    }
+
+    /// The limit (bytes).
+    pub fn limit(&self) -> usize {
+        self.inner.limit
+    }
+
+    /// Bytes charged by every store sharing this budget.
+    pub fn used(&self) -> usize {
+        self.inner.used.load(Ordering::Relaxed)
+    }
+
+    fn charge(&self, add: usize, sub: usize) {
+        if add >= sub {
+            self.inner.used.fetch_add(add - sub, Ordering::Relaxed);
+        } else {
+            self.inner.used.fetch_sub(sub - add, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Fixed bytes charged per cached key besides its key and string contents: the map slot, the
+/// entry, the key's allocation header and the timer index node (measured order of magnitude).
+const ENTRY_OVERHEAD: usize = 96 + std::mem::size_of::<Entry>();
+
+/// One cached key.
+#[derive(Clone, Debug)]
+pub(crate) struct Entry {
+    /// The state (`None`: the key has none; a delete is owed when dirty).
+    pub(crate) state: Option<SessionState>,
+    /// The key's timer (ms).
+    pub(crate) due: Option<Millis>,
+    /// Changed since the last flush.
+    pub(crate) dirty: bool,
+    /// Last use (the store's use counter), for eviction.
+    tick: u64,
+    /// Bytes charged to the budget for this entry.
+    bytes: usize,
+}
+
+/// Approximate memory of `key` with `state`.
+fn entry_bytes(key: &SessionKey, state: Option<&SessionState>) -> usize {
+    let heap = state.map_or(0, |s| {
+        let strings = s.last_applied_event_id.as_ref().map_or(0, String::len);
+        strings
+            + s.round.as_ref().map_or(0, |r| {
+                r.last_event_id.as_ref().map_or(0, String::len)
+                    + r.attributes.as_ref().map_or(0, String::len)
+                    + r.parts.capacity() * 4
+            })
+    });
+    ENTRY_OVERHEAD + key.as_str().len() + heap
+}
+
+/// The current (not necessarily durable) counters and position of the partition.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Current {
+    pub(crate) offset: Option<i64>,
+    pub(crate) partition_time: Option<Millis>,
+    pub(crate) next_seq: u64,
+    pub(crate) sessions: u64,
+    pub(crate) open_rounds: u64,
+    /// Offset or partition time changed since the last flush.
+    pub(crate) position_dirty: bool,
+}
+
+/// The in-memory state of one partition store (module docs).
+pub(crate) struct Mem {
+    pub(crate) entries: FxHashMap<SessionKey, Entry>,
+    /// Keys of dirty entries, each once.
+    pub(crate) dirty: Vec<SessionKey>,
+    /// Every key with stored state has an entry (nothing with state was evicted).
+    pub(crate) complete: bool,
+    pub(crate) timers: BTreeSet<(Millis, SessionKey)>,
+    /// Owed emissions by sequence number.
+    pub(crate) outbox: BTreeMap<u64, Emission>,
+    /// Outbox entries below this sequence number are in RocksDB.
+    pub(crate) durable_seq: u64,
+    /// Acknowledged sequence numbers below `durable_seq`: deletes owed to RocksDB.
+    pub(crate) acked: Vec<u64>,
+    pub(crate) tenants: FxHashMap<Box<str>, TenantStats>,
+    /// Tenants changed (or evicted) since the last flush.
+    pub(crate) dirty_tenants: FxHashSet<Box<str>>,
+    /// `tenants` by `last_seen` (the eviction order).
+    pub(crate) ages: TenantAges,
+    pub(crate) current: Current,
+    tick: u64,
+    /// Bytes this store charged to `budget`.
+    charged: usize,
+    budget: CacheBudget,
+}
+
+impl Mem {
+    /// An empty memory side charging `budget`.
+    pub(crate) fn new(budget: CacheBudget) -> Self {
+        Mem {
+            entries: FxHashMap::default(),
+            dirty: Vec::new(),
+            complete: true,
+            timers: BTreeSet::new(),
+            outbox: BTreeMap::new(),
+            durable_seq: 0,
+            acked: Vec::new(),
+            tenants: FxHashMap::default(),
+            dirty_tenants: FxHashSet::default(),
+            ages: TenantAges::new(),
+            current: Current::default(),
+            tick: 0,
+            charged: 0,
+            budget,
+        }
+    }
+
+    /// Forgets everything (before a reload from RocksDB), giving its bytes back.
+    pub(crate) fn clear(&mut self) {
+        // The old value's `Drop` gives its bytes back.
+        *self = Mem::new(self.budget.clone());
+    }
+
+    /// True when the budget has room for `bytes` more (used while loading at open).
+    pub(crate) fn has_room(&self, bytes: usize) -> bool {
+        self.budget.used() + bytes <= self.budget.limit()
+    }
+
+    /// Approximate bytes of a key with state, for [`Mem::has_room`].
+    pub(crate) fn bytes_of(key: &SessionKey, state: &SessionState) -> usize {
+        entry_bytes(key, Some(state))
+    }
+
+    /// The cached entry of `key`, marked as used.
+    pub(crate) fn touch(&mut self, key: &SessionKey) -> Option<&Entry> {
+        self.tick += 1;
+        let tick = self.tick;
+        self.entries.get_mut(key).map(|e| {
+            e.tick = tick;
+            &*e
+        })
+    }
+
+    /// Caches `key` as read from RocksDB (clean). Does nothing if it is cached already.
+    pub(crate) fn insert_clean(
+        &mut self,
+        key: &SessionKey,
+        state: Option<SessionState>,
+        due: Option<Millis>,
+    ) {
+        if self.entries.contains_key(key) {
+            return;
+        }
+        self.tick += 1;
+        let bytes = entry_bytes(key, state.as_ref());
+        self.charge(bytes, 0);
+        self.entries.insert(
+            key.clone(),
+            Entry {
+                state,
+                due,
+                dirty: false,
+                tick: self.tick,
+                bytes,
+            },
+        );
+    }
+
+    /// Sets `key`'s state and timer (a change: the entry becomes dirty).
+    pub(crate) fn set(&mut self, key: &SessionKey, state: Option<SessionState>, due: Option<Millis>) {
+        self.tick += 1;
+        let bytes = entry_bytes(key, state.as_ref());
+        let tick = self.tick;
+        let old = match self.entries.get_mut(key) {
+            Some(e) => {
+                let old = e.bytes;
+                if !e.dirty {
+                    e.dirty = true;
+                    self.dirty.push(key.clone());
+                }
+                e.state = state;
+                e.due = due;
+                e.tick = tick;
+                e.bytes = bytes;
+                old
+            }
+            None => {
+                self.dirty.push(key.clone());
+                self.entries.insert(
+                    key.clone(),
+                    Entry {
+                        state,
+                        due,
+                        dirty: true,
+                        tick,
+                        bytes,
+                    },
+                );
+                0
+            }
+        };
+        self.charge(bytes, old);
+    }
+
+    fn charge(&mut self, add: usize, sub: usize) {
+        self.charged = self.charged + add - sub.min(self.charged + add);
+        self.budget.charge(add, sub);
+    }
+
+    /// After a flush wrote every dirty entry: they are clean.
+    pub(crate) fn flushed(&mut self) {
+        for key in std::mem::take(&mut self.dirty) {
+            if let Some(e) = self.entries.get_mut(&key) {
+                e.dirty = false;
+            }
+        }
+        self.acked.clear();
+        self.dirty_tenants.clear();
+        self.durable_seq = self.current.next_seq;
+        self.current.position_dirty = false;
+    }
+
+    /// True when something is not in RocksDB yet.
+    pub(crate) fn unflushed(&self) -> bool {
+        !self.dirty.is_empty()
+            || !self.acked.is_empty()
+            || !self.dirty_tenants.is_empty()
+            || self.durable_seq != self.current.next_seq
+            || self.current.position_dirty
+    }
+
+    /// Evicts clean entries, least recently used first, while the shared budget is exceeded:
+    /// down to three quarters of it (so eviction runs rarely), or until no clean entry is
+    /// left. Call after a flush (dirty entries stay).
+    pub(crate) fn evict(&mut self) {
+        let limit = self.budget.limit();
+        let used = self.budget.used();
+        if used <= limit {
+            return;
+        }
+        let excess = used - limit * 3 / 4;
+        let mut clean: Vec<(u64, usize, SessionKey)> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| !e.dirty)
+            .map(|(k, e)| (e.tick, e.bytes, k.clone()))
+            .collect();
+        clean.sort_unstable_by_key(|c| c.0);
+        let mut freed = 0;
+        for (_, bytes, key) in clean {
+            if freed >= excess {
+                break;
+            }
+            if let Some(e) = self.entries.remove(&key) {
+                if e.state.is_some() {
+                    self.complete = false;
+                }
+                self.charge(0, e.bytes);
+            }
+            freed += bytes;
+        }
+    }
+
+    /// Bytes this store holds in its cache (approximate, as charged).
+    pub(crate) fn charged(&self) -> usize {
+        self.charged
+    }
+}
+
+impl Drop for Mem {
+    fn drop(&mut self) {
+        self.budget.charge(0, self.charged);
+    }
+}
