@@ -62,7 +62,8 @@ use crate::store::{self, Batch, PartitionStore};
 use crate::transport::{self, Backoff, InputRecord, PartitionInput, Sink, TxnWriter};
 use futures::future::{BoxFuture, FutureExt};
 use std::collections::VecDeque;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -85,6 +86,35 @@ pub const FEED_WAIT: Duration = Duration::from_millis(1);
 /// the task stops taking input and waits for the changelog to catch up (backpressure while
 /// the changelog's broker is slow or down).
 pub const CHANGELOG_APPENDS_IN_FLIGHT: usize = 1024;
+
+/// Crash drill (`tests/crash_kill.rs`): with `SETTLE_FAULT_CRASH_BEFORE_FLUSH=N` the process
+/// aborts (as kill -9 would end it) when its N-th flush holding new emissions is about to be
+/// written: those emissions, and the state that produced them, exist in memory only.
+/// Counted per process, over all partitions.
+pub const CRASH_BEFORE_FLUSH_ENV: &str = "SETTLE_FAULT_CRASH_BEFORE_FLUSH";
+/// Crash drill: with `SETTLE_FAULT_CRASH_AFTER_FLUSH=N` the process aborts right after its
+/// N-th flush holding new emissions is written, before they are handed to the publisher.
+pub const CRASH_AFTER_FLUSH_ENV: &str = "SETTLE_FAULT_CRASH_AFTER_FLUSH";
+
+/// Flushes holding new emissions so far in this process (for the crash drills).
+static EMITTING_FLUSHES: AtomicU64 = AtomicU64::new(0);
+
+/// The crash drills' settings, read once.
+fn crash_drill() -> (Option<u64>, Option<u64>) {
+    static DRILL: OnceLock<(Option<u64>, Option<u64>)> = OnceLock::new();
+    *DRILL.get_or_init(|| {
+        let n = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
+        (n(CRASH_BEFORE_FLUSH_ENV), n(CRASH_AFTER_FLUSH_ENV))
+    })
+}
+
+/// Aborts the process when `n` is the drill's number (see [`CRASH_BEFORE_FLUSH_ENV`]).
+fn crash_if(drill: Option<u64>, n: u64, name: &str) {
+    if n > 0 && drill == Some(n) {
+        tracing::error!("{name}={n}: aborting the process (crash drill)");
+        std::process::abort();
+    }
+}
 
 /// How a partition task ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -473,10 +503,18 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
         {
             return Ok(false);
         }
+        let drill = crash_drill();
+        let n = if self.store.unflushed_emissions() > 0 && drill != (None, None) {
+            EMITTING_FLUSHES.fetch_add(1, Ordering::Relaxed) + 1
+        } else {
+            0
+        };
+        crash_if(drill.0, n, CRASH_BEFORE_FLUSH_ENV);
         // Measured, not decided on: the shell may read the real clock here (STYLE §1).
         let started = std::time::Instant::now();
         self.store.flush()?;
         self.metrics.store_write(started.elapsed());
+        crash_if(drill.1, n, CRASH_AFTER_FLUSH_ENV);
         self.flushed_at = Instant::now();
         let durable = self.store.stored_offset();
         if durable != self.flushed_offset {

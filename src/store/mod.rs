@@ -568,6 +568,12 @@ impl PartitionStore {
         self.state.mem.unflushed()
     }
 
+    /// Owed emissions committed since the last flush (not durable, so not handed out yet).
+    pub fn unflushed_emissions(&self) -> u64 {
+        let mem = &self.state.mem;
+        mem.current.next_seq - mem.durable_seq
+    }
+
     /// Keys changed since the last flush (the dirty-key cap `store.flush-max-dirty` is
     /// checked against it).
     pub fn dirty_keys(&self) -> usize {
