@@ -122,7 +122,10 @@ pub(crate) fn session_due(key: &[u8], bytes: &[u8]) -> Result<(Option<Millis>, u
         Some((&NO_TIMER, _)) => Ok((None, 1)),
         Some((&TIMER, rest)) => {
             let due = rest.first_chunk::<8>().ok_or_else(|| {
-                corrupt(format!("value of {} bytes, need at least 9 (timer)", bytes.len()))
+                corrupt(format!(
+                    "value of {} bytes, need at least 9 (timer)",
+                    bytes.len()
+                ))
             })?;
             Ok((Some(decode_due(*due)), 9))
         }
@@ -157,7 +160,10 @@ pub(crate) fn decode_tenant(key: &[u8], bytes: &[u8]) -> Result<TenantStats, Err
 
 /// Encodes an `outbox` value (postcard) into `buf`, cleared first (see
 /// [`encode_session_into`]).
-pub(crate) fn encode_emission_into(emission: &Emission, mut buf: Vec<u8>) -> Result<Vec<u8>, Error> {
+pub(crate) fn encode_emission_into(
+    emission: &Emission,
+    mut buf: Vec<u8>,
+) -> Result<Vec<u8>, Error> {
     buf.clear();
     postcard::to_extend(emission, buf).map_err(|e| Error::Encode {
         cf: CF_OUTBOX,

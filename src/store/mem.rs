@@ -216,7 +216,12 @@ impl Mem {
     }
 
     /// Sets `key`'s state and timer (a change: the entry becomes dirty).
-    pub(crate) fn set(&mut self, key: &SessionKey, state: Option<SessionState>, due: Option<Millis>) {
+    pub(crate) fn set(
+        &mut self,
+        key: &SessionKey,
+        state: Option<SessionState>,
+        due: Option<Millis>,
+    ) {
         self.tick += 1;
         let bytes = entry_bytes(key, state.as_ref());
         let tick = self.tick;

@@ -101,7 +101,10 @@ impl std::fmt::Debug for MemoryBudget {
         f.debug_struct("MemoryBudget")
             .field("cache_usage_bytes", &self.cache_usage_bytes())
             .field("memtable_usage_bytes", &self.memtable_usage_bytes())
-            .field("session_cache_usage_bytes", &self.session_cache_usage_bytes())
+            .field(
+                "session_cache_usage_bytes",
+                &self.session_cache_usage_bytes(),
+            )
             .finish()
     }
 }

@@ -206,35 +206,66 @@ impl MemoryBroker {
     /// are ignored.
     ///
     /// Errors: reading `input` failed.
-    pub fn load_trace<R: BufRead>(&self, input: R) -> std::io::Result<TraceLoad> {
+    pub fn load_trace<R: BufRead>(&self, mut input: R) -> std::io::Result<TraceLoad> {
+        /// The fields of a trace line the broker reads; the rest is the record's payload.
+        #[derive(serde::Deserialize)]
+        struct Line<'a> {
+            #[serde(borrow, default)]
+            tenant: Option<&'a serde_json::value::RawValue>,
+            #[serde(borrow, default)]
+            session: Option<&'a serde_json::value::RawValue>,
+            #[serde(borrow, default)]
+            ts: Option<&'a serde_json::value::RawValue>,
+            #[serde(borrow, default)]
+            partition: Option<&'a serde_json::value::RawValue>,
+        }
+        /// A JSON string's text (`None` for any other JSON value).
+        fn json_str(
+            raw: Option<&serde_json::value::RawValue>,
+        ) -> Option<std::borrow::Cow<'_, str>> {
+            serde_json::from_str(raw?.get()).ok()
+        }
         let mut load = TraceLoad::default();
-        for line in input.lines() {
-            let line = line?;
-            let text = line.trim();
+        let mut buf = String::new();
+        let mut key = String::new();
+        loop {
+            buf.clear();
+            if input.read_line(&mut buf)? == 0 {
+                break;
+            }
+            let text = buf.trim();
             if text.is_empty() || text.starts_with('#') {
                 continue;
             }
-            let Ok(serde_json::Value::Object(obj)) = serde_json::from_str(text) else {
+            let Ok(line) = serde_json::from_str::<Line<'_>>(text) else {
                 load.skipped += 1;
                 continue;
             };
-            let Some(ts) = obj.get("ts").and_then(|v| codec::parse_timestamp(v).ok()) else {
+            let ts = line
+                .ts
+                .and_then(|raw| serde_json::from_str::<serde_json::Value>(raw.get()).ok())
+                .and_then(|v| codec::parse_timestamp(&v).ok());
+            let Some(ts) = ts else {
                 load.skipped += 1;
                 continue;
             };
-            let partition = obj
-                .get("partition")
-                .and_then(serde_json::Value::as_i64)
+            let partition = line
+                .partition
+                .and_then(|raw| raw.get().parse::<i64>().ok())
                 .map(|p| p as i32);
-            let key = match (obj.get("tenant"), obj.get("session")) {
-                (Some(serde_json::Value::String(t)), Some(serde_json::Value::String(s))) => {
-                    Some(format!("{t}/{s}"))
+            let has_key = match (json_str(line.tenant), json_str(line.session)) {
+                (Some(t), Some(s)) => {
+                    key.clear();
+                    key.push_str(&t);
+                    key.push('/');
+                    key.push_str(&s);
+                    true
                 }
-                _ => None,
+                _ => false,
             };
             self.produce(
                 partition,
-                key.as_deref().map(str::as_bytes),
+                has_key.then_some(key.as_bytes()),
                 text.as_bytes().to_vec(),
                 ts,
             );

@@ -306,7 +306,10 @@ fn assert_copies_identical(p: &Paths) {
 fn crash_at_a_flush_then_restart(drill: &str) {
     let dir = tempfile::tempdir().unwrap();
     let (p, want) = setup(dir.path());
-    let status = wait_exit(&mut spawn_with(&p, &[(drill, "12")]), Duration::from_secs(60));
+    let status = wait_exit(
+        &mut spawn_with(&p, &[(drill, "12")]),
+        Duration::from_secs(60),
+    );
     assert!(!status.success(), "the drill aborts the process: {status}");
     let at_crash = output_lines(&p.output).len();
     assert!(
