@@ -63,6 +63,15 @@ pub(crate) fn decode_session_key(bytes: &[u8]) -> Result<SessionKey, String> {
     SessionKey::parse(s).ok_or_else(|| "session key is not tenant/session".to_string())
 }
 
+/// The session key of a `sessions` record's key bytes. Errors: [`Error::Corrupt`].
+pub(crate) fn stored_session_key(bytes: &[u8]) -> Result<SessionKey, Error> {
+    decode_session_key(bytes).map_err(|reason| Error::Corrupt {
+        cf: CF_SESSIONS,
+        key: printable(bytes),
+        reason,
+    })
+}
+
 /// Outbox key: the sequence number, 8 bytes big-endian (FIFO = byte order).
 pub fn outbox_key(seq: u64) -> [u8; 8] {
     seq.to_be_bytes()

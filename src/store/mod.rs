@@ -332,11 +332,7 @@ fn reload(db: &DB, state: &mut StoreState) -> Result<(), Error> {
     let mut it = db.raw_iterator_cf(cf(db, CF_SESSIONS));
     it.seek_to_first();
     while let (Some(k), Some(v)) = (it.key(), it.value()) {
-        let key = keys::decode_session_key(k).map_err(|reason| Error::Corrupt {
-            cf: CF_SESSIONS,
-            key: keys::printable(k),
-            reason,
-        })?;
+        let key = keys::stored_session_key(k)?;
         let (due, _) = keys::session_due(k, v)?;
         if let Some(d) = due {
             mem.timers.insert((d, key.clone()));
@@ -351,10 +347,7 @@ fn reload(db: &DB, state: &mut StoreState) -> Result<(), Error> {
         }
         it.next();
     }
-    it.status().map_err(|source| Error::Read {
-        cf: CF_SESSIONS,
-        source,
-    })?;
+    it.status().map_err(read_error(CF_SESSIONS))?;
     drop(it);
 
     let head = meta_u64(db, META_OUTBOX_HEAD)?.unwrap_or(0);
@@ -369,10 +362,7 @@ fn reload(db: &DB, state: &mut StoreState) -> Result<(), Error> {
         mem.outbox.insert(seq, keys::decode_emission(k, v)?);
         it.next();
     }
-    it.status().map_err(|source| Error::Read {
-        cf: CF_OUTBOX,
-        source,
-    })?;
+    it.status().map_err(read_error(CF_OUTBOX))?;
     drop(it);
 
     let mut it = db.raw_iterator_cf(cf(db, CF_TENANTS));
@@ -388,12 +378,14 @@ fn reload(db: &DB, state: &mut StoreState) -> Result<(), Error> {
         mem.tenants.insert(name.into(), stats);
         it.next();
     }
-    it.status().map_err(|source| Error::Read {
-        cf: CF_TENANTS,
-        source,
-    })?;
+    it.status().map_err(read_error(CF_TENANTS))?;
     state.meta = meta;
     Ok(())
+}
+
+/// The error of a failed RocksDB read (or scan) in column family `cf`.
+fn read_error(cf: &'static str) -> impl Fn(rocksdb::Error) -> Error {
+    move |source| Error::Read { cf, source }
 }
 
 fn meta_raw(db: &DB, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
@@ -879,11 +871,7 @@ impl PartitionStore {
         let mut it = self.db.raw_iterator_cf(sessions);
         it.seek_to_first();
         while let (Some(k), Some(v)) = (it.key(), it.value()) {
-            let key = keys::decode_session_key(k).map_err(|reason| Error::Corrupt {
-                cf: CF_SESSIONS,
-                key: keys::printable(k),
-                reason,
-            })?;
+            let key = keys::stored_session_key(k)?;
             let (due, state) = keys::decode_session(k, v)?;
             let want = next_due(&key, &state);
             if due != Some(want) {
@@ -898,10 +886,7 @@ impl PartitionStore {
             set += 1;
             it.next();
         }
-        it.status().map_err(|source| Error::Read {
-            cf: CF_SESSIONS,
-            source,
-        })?;
+        it.status().map_err(read_error(CF_SESSIONS))?;
         drop(it);
         self.db
             .write_opt(wb, &self.state.write_opts)
