@@ -5,20 +5,21 @@
 //! * [`decode_upload`]: bytes from the broker → a validated [`Upload`] or a [`DecodeError`]
 //!   whose [`DecodeError::reason`] is the dead-letter reason and metrics label. Every check of
 //!   §2 is here and nowhere else; the engine trusts what it gets.
-//! * [`encode_ready`] / [`decode_ready`]: an engine [`Emission`] → the §2 output record and
-//!   back ([`ReadyRecord`]).
-//! * [`format_rfc3339_ms`], [`parse_rfc3339_ms`], [`parse_timestamp`]: instants on the wire are
-//!   RFC 3339 UTC with milliseconds, `2026-11-30T03:34:47.123Z`.
+//! * [`decode_trace_line`]: a line of the JSONL trace format of `settle simulate` and
+//!   `settle tune` (an upload record plus `"ts"` and `"partition"`), in the same single pass.
+//! * [`encode_ready`] / [`encode_ready_into`] / [`decode_ready`]: an engine [`Emission`] → the
+//!   §2 output record and back ([`ReadyRecord`]).
+//! * [`format_rfc3339_ms`], [`write_rfc3339_ms`], [`parse_rfc3339_ms`], [`parse_timestamp`]:
+//!   instants on the wire are RFC 3339 UTC with milliseconds, `2026-11-30T03:34:47.123Z`.
 //!
-//! Decoding is on the hot path (≥ 1 M uploads/s per core), so it walks the JSON object once
-//! with a hand-written serde map visitor: strings are borrowed from the payload unless they
-//! contain escapes, `attributes` is captured as its raw text without building a tree, and
-//! unknown fields are skipped without allocating. (A `#[derive(Deserialize)]` struct is just as
-//! fast but cannot tell which field had the wrong type, and the dead-letter reason must.)
-//!
-//! Trace lines of `settle simulate` (an upload record plus `"ts"` and `"partition"`) decode
-//! with [`decode_upload`] as they are: unknown fields are ignored, so the simulator reads
-//! `ts` itself (e.g. with [`parse_timestamp`]) and passes it as the record timestamp.
+//! Both directions are on the hot path (≥ 1 M uploads/s per core). Decoding walks the JSON
+//! object once with a hand-written serde map visitor: strings are borrowed from the payload
+//! unless they contain escapes, `attributes` is captured as its raw text without building a
+//! tree, and unknown fields are skipped without allocating. (A `#[derive(Deserialize)]` struct
+//! is just as fast but cannot tell which field had the wrong type, and the dead-letter reason
+//! must.) Encoding writes the record's bytes directly (integers with `itoa`, instants digit by
+//! digit), never through `format!`; tests hold it to the bytes `serde_json` writes for
+//! [`ReadyRecord`] and the instants to the `time` crate's formatting.
 
 use crate::engine::{Emission, Millis, Part, PolicyName, SessionKey, Trigger, Upload};
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, Visitor};
@@ -270,61 +271,111 @@ pub fn decode_upload(
     timestamp_ms: Millis,
     wall_clock_ms: Millis,
 ) -> Result<Upload, DecodeError> {
-    let wire = parse_wire(payload)?;
-    let tenant = match wire.tenant {
-        Some(t) => t,
-        None => return Err(DecodeError::MissingTenant),
-    };
-    validate_tenant(&tenant)?;
-    let session = match wire.session {
-        Some(s) => s,
-        None => return Err(DecodeError::MissingSession),
-    };
-    validate_session(&session)?;
-    if let Some(id) = &wire.event_id {
-        if id.len() > EVENT_ID_MAX_BYTES {
-            return Err(DecodeError::EventIdTooLong(id.len()));
-        }
-    }
-    let part = match wire.part {
-        None => None,
-        Some(p) if p.count == 0 => return Err(DecodeError::PartCountZero),
-        Some(p) if p.index == 0 || p.index > p.count => {
-            return Err(DecodeError::PartIndexOutOfRange {
-                index: p.index,
-                count: p.count,
-            })
-        }
-        Some(p) => Some(Part {
-            index: p.index,
-            count: p.count,
-        }),
-    };
-    let attributes = match wire.attributes {
-        None => None,
-        Some(raw) => {
-            let text = raw.get();
-            if text == "null" {
-                None
-            } else if !text.starts_with('{') {
-                return Err(DecodeError::AttributesNotObject);
-            } else if text.len() > ATTRIBUTES_MAX_BYTES {
-                return Err(DecodeError::AttributesTooLarge(text.len()));
-            } else {
-                Some(text.to_owned())
-            }
-        }
-    };
+    let text = std::str::from_utf8(payload).map_err(|_| DecodeError::InvalidUtf8)?;
+    let wire = parse_wire(text, None)?;
+    let fields = wire.check()?;
     if let Some(key) = record_key {
-        check_record_key(key, &tenant, &session)?;
+        check_record_key(key, &fields.tenant, &fields.session)?;
     }
-    Ok(Upload {
-        key: SessionKey::new(&tenant, &session),
-        event_time: timestamp_ms.min(wall_clock_ms),
-        event_id: wire.event_id.map(Cow::into_owned),
-        part,
-        final_flag: wire.final_flag.unwrap_or(false),
-        attributes,
+    Ok(fields.into_upload(timestamp_ms.min(wall_clock_ms)))
+}
+
+/// A trace line of `settle simulate` and `settle tune` (the JSONL trace format): an upload
+/// record (SEMANTICS §2) plus `"ts"`, its event time (epoch-ms integer or RFC 3339 string),
+/// and an optional `"partition"` (u32).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TraceRecord {
+    /// The `partition` field, if present.
+    pub partition: Option<u32>,
+    /// The decoded upload; its event time is `ts` (ms, not capped: a trace has no wall clock).
+    pub upload: Upload,
+}
+
+/// Why a trace line is not a usable [`TraceRecord`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TraceLineError {
+    /// Not a JSON object, or `ts`/`partition` missing or of the wrong type (what is wrong).
+    #[error("{0}")]
+    NotATrace(String),
+    /// The upload record in the line breaks a rule of §2.
+    #[error(transparent)]
+    Upload(DecodeError),
+}
+
+/// Decodes one trace line ([`TraceRecord`]). A trace has no record key: the session key is
+/// `tenant/session` from the line itself, so no key rule applies.
+///
+/// The line is parsed once: `ts` and `partition` are captured as raw JSON while the upload's
+/// fields are read. Only when that fails (or `ts` is negative or an escaped string) is the line
+/// read again field by field, to report the same error as always.
+///
+/// Errors: [`TraceLineError::NotATrace`] first (not a JSON object, `ts` missing or not a
+/// timestamp, `partition` not a u32), then [`TraceLineError::Upload`] with the rule broken.
+pub fn decode_trace_line(text: &str) -> Result<TraceRecord, TraceLineError> {
+    let mut trace = TraceFields::default();
+    let fast = parse_wire(text, Some(&mut trace))
+        .ok()
+        .and_then(|wire| wire.check().ok())
+        .and_then(|fields| {
+            let ts = trace.ts.and_then(plain_ts)?;
+            let partition = match trace.partition.map(RawValue::get) {
+                None | Some("null") => None,
+                Some(digits) => Some(digits.parse::<u32>().ok()?),
+            };
+            Some(TraceRecord {
+                partition,
+                upload: fields.into_upload(ts),
+            })
+        });
+    match fast {
+        Some(record) => Ok(record),
+        None => decode_trace_line_checked(text),
+    }
+}
+
+/// `ts` given as a non-negative integer or an RFC 3339 string without escapes; `None` for
+/// anything else (left to [`parse_timestamp`] on the slow path).
+fn plain_ts(raw: &RawValue) -> Option<Millis> {
+    let text = raw.get();
+    if text.bytes().all(|b| b.is_ascii_digit()) {
+        return text.parse().ok();
+    }
+    let inner = text.strip_prefix('"')?.strip_suffix('"')?;
+    if inner.contains('\\') {
+        return None;
+    }
+    parse_rfc3339_ms(inner).ok()
+}
+
+/// The trace fields of a line as `serde` reads them (the slow path).
+#[derive(Deserialize)]
+struct TraceMeta {
+    ts: Option<serde_json::Value>,
+    partition: Option<u32>,
+}
+
+/// Raw `ts` and `partition` captured during the one pass of [`decode_trace_line`].
+#[derive(Default)]
+struct TraceFields<'de> {
+    ts: Option<&'de RawValue>,
+    partition: Option<&'de RawValue>,
+}
+
+/// [`decode_trace_line`] field by field: the trace fields first, then the upload.
+fn decode_trace_line_checked(text: &str) -> Result<TraceRecord, TraceLineError> {
+    let bad = TraceLineError::NotATrace;
+    let meta: TraceMeta = serde_json::from_str(text)
+        .map_err(|e| bad(format!("not a trace record (JSON object with \"ts\"): {e}")))?;
+    let ts = meta
+        .ts
+        .ok_or_else(|| bad("missing \"ts\" (epoch ms integer or RFC 3339 string)".into()))?;
+    let ts = parse_timestamp(&ts).map_err(|e| bad(format!("bad \"ts\": {e}")))?;
+    let fields = parse_wire(text, None)
+        .and_then(Wire::check)
+        .map_err(TraceLineError::Upload)?;
+    Ok(TraceRecord {
+        partition: meta.partition,
+        upload: fields.into_upload(ts),
     })
 }
 
@@ -347,6 +398,83 @@ fn check_record_key(key: &[u8], tenant: &str, session: &str) -> Result<(), Decod
         key: key[..cut].to_owned(),
         expected: format!("{tenant}/{session}"),
     })
+}
+
+/// The fields of an upload that passed every payload rule of §2, still borrowed from the
+/// payload where they had no escapes.
+struct Checked<'de> {
+    tenant: Cow<'de, str>,
+    session: Cow<'de, str>,
+    event_id: Option<Cow<'de, str>>,
+    part: Option<Part>,
+    final_flag: bool,
+    attributes: Option<&'de RawValue>,
+}
+
+impl Checked<'_> {
+    /// The engine's upload with event time `event_time` (ms): the key and the optional
+    /// strings are the only allocations.
+    fn into_upload(self, event_time: Millis) -> Upload {
+        Upload {
+            key: SessionKey::new(&self.tenant, &self.session),
+            event_time,
+            event_id: self.event_id.map(Cow::into_owned),
+            part: self.part,
+            final_flag: self.final_flag,
+            attributes: self.attributes.map(|raw| raw.get().to_owned()),
+        }
+    }
+}
+
+impl<'de> Wire<'de> {
+    /// Applies the limits of §2 in the documented order (`tenant`, `session`, `event_id`,
+    /// `part`, `attributes`).
+    fn check(self) -> Result<Checked<'de>, DecodeError> {
+        let tenant = self.tenant.ok_or(DecodeError::MissingTenant)?;
+        validate_tenant(&tenant)?;
+        let session = self.session.ok_or(DecodeError::MissingSession)?;
+        validate_session(&session)?;
+        if let Some(id) = &self.event_id {
+            if id.len() > EVENT_ID_MAX_BYTES {
+                return Err(DecodeError::EventIdTooLong(id.len()));
+            }
+        }
+        let part = match self.part {
+            None => None,
+            Some(p) if p.count == 0 => return Err(DecodeError::PartCountZero),
+            Some(p) if p.index == 0 || p.index > p.count => {
+                return Err(DecodeError::PartIndexOutOfRange {
+                    index: p.index,
+                    count: p.count,
+                })
+            }
+            Some(p) => Some(Part {
+                index: p.index,
+                count: p.count,
+            }),
+        };
+        let attributes = match self.attributes {
+            Some(raw) if raw.get() != "null" => {
+                let text = raw.get();
+                if !text.starts_with('{') {
+                    return Err(DecodeError::AttributesNotObject);
+                }
+                if text.len() > ATTRIBUTES_MAX_BYTES {
+                    return Err(DecodeError::AttributesTooLarge(text.len()));
+                }
+                Some(raw)
+            }
+            _ => None,
+        };
+        Ok(Checked {
+            tenant,
+            session,
+            event_id: self.event_id,
+            part,
+            final_flag: self.final_flag.unwrap_or(false),
+            attributes,
+        })
+    }
 }
 
 /// The fields of an upload as they are in the JSON object, types checked, limits not yet.
@@ -401,17 +529,23 @@ impl<'de> Deserialize<'de> for WirePart {
     }
 }
 
-/// Parses the object once. The payload is checked to be UTF-8 as a whole first (one fast
-/// pass), so the JSON parser need not re-check every string. A field-level fault (wrong type,
+/// Parses the object once (the caller checked the payload is UTF-8 as a whole, one fast pass,
+/// so the JSON parser need not re-check every string). A field-level fault (wrong type,
 /// duplicate) is recorded in `fault` by the visitor, which then aborts the parse with a serde
-/// "data" error.
-fn parse_wire(payload: &[u8]) -> Result<Wire<'_>, DecodeError> {
-    let text = std::str::from_utf8(payload).map_err(|_| DecodeError::InvalidUtf8)?;
+/// "data" error. With `trace`, the top-level `ts` and `partition` are captured as raw JSON in
+/// the same pass.
+fn parse_wire<'de>(
+    text: &'de str,
+    trace: Option<&mut TraceFields<'de>>,
+) -> Result<Wire<'de>, DecodeError> {
     let mut fault = None;
     let mut de = serde_json::Deserializer::from_str(text);
-    let parsed = UploadSeed { fault: &mut fault }
-        .deserialize(&mut de)
-        .and_then(|wire| de.end().map(|()| wire));
+    let parsed = UploadSeed {
+        fault: &mut fault,
+        trace,
+    }
+    .deserialize(&mut de)
+    .and_then(|wire| de.end().map(|()| wire));
     match parsed {
         Ok(wire) => Ok(wire),
         Err(e) => Err(classify_failure(text, e, fault)),
@@ -430,11 +564,12 @@ fn classify_failure(text: &str, e: serde_json::Error, fault: Option<DecodeError>
     fault.unwrap_or(DecodeError::NotAnObject)
 }
 
-struct UploadSeed<'a> {
+struct UploadSeed<'a, 'de> {
     fault: &'a mut Option<DecodeError>,
+    trace: Option<&'a mut TraceFields<'de>>,
 }
 
-impl<'de> DeserializeSeed<'de> for UploadSeed<'_> {
+impl<'de> DeserializeSeed<'de> for UploadSeed<'_, 'de> {
     type Value = Wire<'de>;
 
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Wire<'de>, D::Error> {
@@ -452,7 +587,7 @@ fn field<'de, T: Deserialize<'de>, A: MapAccess<'de>>(
         .inspect_err(|_| *fault = Some(on_error))
 }
 
-impl<'de> Visitor<'de> for UploadSeed<'_> {
+impl<'de> Visitor<'de> for UploadSeed<'_, 'de> {
     type Value = Wire<'de>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -468,12 +603,24 @@ impl<'de> Visitor<'de> for UploadSeed<'_> {
             "final",
             "attributes",
         ];
-        let fault = self.fault;
+        let (fault, mut trace) = (self.fault, self.trace);
         let mut w = Wire::default();
         let mut seen = [false; 6];
         while let Some(CowStr(name)) = map.next_key::<CowStr<'de>>()? {
             let Some(i) = NAMES.iter().position(|n| *n == name) else {
-                map.next_value::<IgnoredAny>()?;
+                let slot = match (&mut trace, &*name) {
+                    (Some(t), "ts") => &mut t.ts,
+                    (Some(t), "partition") => &mut t.partition,
+                    _ => {
+                        map.next_value::<IgnoredAny>()?;
+                        continue;
+                    }
+                };
+                let raw: &'de RawValue = map.next_value()?;
+                if slot.replace(raw).is_some() {
+                    // A repeated trace field: left to the slow path to report.
+                    return Err(de::Error::custom("duplicate trace field"));
+                }
                 continue;
             };
             if std::mem::replace(&mut seen[i], true) {
@@ -613,7 +760,7 @@ impl ReadyRecord {
             policy: em.policy,
             tier: tier.to_owned(),
             last_event_id: em.last_event_id.clone(),
-            attributes: em.attributes.clone().filter(|t| is_json_object(t)),
+            attributes: em.attributes.clone().filter(|t| json_object(t).is_some()),
         }
     }
 
@@ -640,18 +787,86 @@ impl ReadyRecord {
     }
 }
 
-fn is_json_object(text: &str) -> bool {
-    text.starts_with('{') && serde_json::from_str::<&RawValue>(text).is_ok()
+/// `text` as a JSON value if it is a JSON object (what `attributes` may be on the wire).
+fn json_object(text: &str) -> Option<&RawValue> {
+    if !text.starts_with('{') {
+        return None;
+    }
+    serde_json::from_str::<&RawValue>(text).ok()
 }
 
 /// Encodes the output record of `em` (SEMANTICS §2) as JSON bytes: sent at `emitted_at` (ms)
 /// to tier `tier`. The record key is `em.key`, the [`EMISSION_ID_HEADER`] value
-/// `em.emission_id()`.
+/// `em.emission_id()`. See [`encode_ready_into`].
 pub fn encode_ready(em: &Emission, emitted_at: Millis, tier: &str) -> Vec<u8> {
-    let record = ReadyRecord::from_emission(em, emitted_at, tier);
-    // Invariant: serializing a ReadyRecord fails only for attributes that are not valid JSON,
-    // and `from_emission` keeps attributes only after checking exactly that.
-    serde_json::to_vec(&record).expect("ReadyRecord with checked attributes always serializes")
+    let mut out = Vec::with_capacity(READY_RECORD_CAPACITY);
+    encode_ready_into(em, emitted_at, tier, &mut out);
+    out
+}
+
+/// Typical size (bytes) of a ready record without attributes: the first allocation.
+const READY_RECORD_CAPACITY: usize = 384;
+
+/// Appends the JSON output record of `em` (what [`encode_ready`] returns) to `out`.
+///
+/// The bytes are those of serializing [`ReadyRecord::from_emission`] with `serde_json` (wire
+/// order of the spec table, no whitespace), written field by field: strings escaped by
+/// `serde_json` only when they need it, integers with `itoa`, instants with
+/// [`write_rfc3339_ms`], `attributes` as their JSON text (left out unless they are a JSON
+/// object, as in [`ReadyRecord::from_emission`]). No `fmt` machinery, no allocation beyond
+/// `out`'s growth.
+pub fn encode_ready_into(em: &Emission, emitted_at: Millis, tier: &str, out: &mut Vec<u8>) {
+    let mut n = itoa::Buffer::new();
+    out.extend_from_slice(br#"{"tenant":"#);
+    push_json_str(out, em.key.tenant());
+    out.extend_from_slice(br#","session":"#);
+    push_json_str(out, em.key.session());
+    out.extend_from_slice(br#","emission_id":"#);
+    push_json_str(out, &em.emission_id());
+    out.extend_from_slice(br#","generation":"#);
+    out.extend_from_slice(n.format(em.generation).as_bytes());
+    out.extend_from_slice(br#","trigger":""#);
+    out.extend_from_slice(em.trigger.as_str().as_bytes());
+    out.extend_from_slice(br#"","uploads":"#);
+    out.extend_from_slice(n.format(em.uploads).as_bytes());
+    for (name, at) in [
+        (&br#","first_upload_at":""#[..], em.first_upload_at),
+        (br#"","last_upload_at":""#, em.last_upload_at),
+        (br#"","due_at":""#, em.due_at),
+        (br#"","emitted_at":""#, emitted_at),
+    ] {
+        out.extend_from_slice(name);
+        write_rfc3339_ms(at, out);
+    }
+    out.extend_from_slice(br#"","delay_ms":"#);
+    out.extend_from_slice(n.format(em.delay_ms).as_bytes());
+    out.extend_from_slice(br#","policy":""#);
+    out.extend_from_slice(em.policy.as_str().as_bytes());
+    out.extend_from_slice(br#"","tier":"#);
+    push_json_str(out, tier);
+    if let Some(id) = &em.last_event_id {
+        out.extend_from_slice(br#","last_event_id":"#);
+        push_json_str(out, id);
+    }
+    if let Some(raw) = em.attributes.as_deref().and_then(json_object) {
+        out.extend_from_slice(br#","attributes":"#);
+        out.extend_from_slice(raw.get().as_bytes());
+    }
+    out.push(b'}');
+}
+
+/// Appends `s` as a JSON string, byte for byte as `serde_json` writes it: copied between
+/// quotes when nothing in it needs an escape (the common case), else through `serde_json`.
+fn push_json_str(out: &mut Vec<u8>, s: &str) {
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+    } else {
+        // Invariant: serializing a `str` into a `Vec` cannot fail (`Vec`'s `io::Write` never
+        // errors and every `str` is valid JSON string content once escaped).
+        let _ = serde::Serializer::serialize_str(&mut serde_json::Serializer::new(&mut *out), s);
+    }
 }
 
 /// Decodes an output record (for tests and tools). Strict: unknown fields, missing required
@@ -723,24 +938,64 @@ pub enum TimeError {
     },
 }
 
+/// Bytes of an instant as [`write_rfc3339_ms`] writes it: `YYYY-MM-DDTHH:MM:SS.mmmZ`.
+pub const RFC3339_MS_LEN: usize = 24;
+
 /// Formats an instant (ms since the epoch) as RFC 3339 UTC with exactly three fraction digits,
 /// e.g. `2026-11-30T03:34:47.123Z`. Instants outside years 0000–9999 are clamped to
 /// [`RFC3339_MIN_MS`]..=[`RFC3339_MAX_MS`] (RFC 3339 has four-digit years).
 pub fn format_rfc3339_ms(ms: Millis) -> String {
+    // Every byte is ASCII (a digit or one of `-T:.Z`), so each is one char.
+    rfc3339_ms_bytes(ms).into_iter().map(char::from).collect()
+}
+
+/// Appends [`format_rfc3339_ms`]`(ms)` to `out` ([`RFC3339_MS_LEN`] bytes) without allocating
+/// or going through `fmt`: the hot path of [`encode_ready_into`].
+pub fn write_rfc3339_ms(ms: Millis, out: &mut Vec<u8>) {
+    out.extend_from_slice(&rfc3339_ms_bytes(ms));
+}
+
+/// The RFC 3339 text of `ms` (clamped as in [`format_rfc3339_ms`]), digits written directly:
+/// days since the epoch → civil date with Howard Hinnant's `civil_from_days` (proleptic
+/// Gregorian calendar, exact for every year), time of day by division.
+fn rfc3339_ms_bytes(ms: Millis) -> [u8; RFC3339_MS_LEN] {
     let ms = ms.clamp(RFC3339_MIN_MS, RFC3339_MAX_MS);
-    let t = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
-        // The clamp keeps `ms` inside years 0000-9999, which `time` always represents.
-        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
-    format!(
-        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
-        t.year(),
-        u8::from(t.month()),
-        t.day(),
-        t.hour(),
-        t.minute(),
-        t.second(),
-        t.millisecond()
-    )
+    let (secs, milli) = (ms.div_euclid(1000), ms.rem_euclid(1000));
+    let (days, sod) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let (year, month, day) = civil_from_days(days);
+    let mut b = *b"0000-00-00T00:00:00.000Z";
+    // The clamp keeps the year in 0..=9999 and every other field within its two or three digits.
+    put_digits(&mut b[0..4], year);
+    put_digits(&mut b[5..7], month);
+    put_digits(&mut b[8..10], day);
+    put_digits(&mut b[11..13], sod / 3600);
+    put_digits(&mut b[14..16], sod / 60 % 60);
+    put_digits(&mut b[17..19], sod % 60);
+    put_digits(&mut b[20..23], milli);
+    b
+}
+
+/// Writes the last `slot.len()` decimal digits of `v` (≥ 0) into `slot`, zero-padded.
+fn put_digits(slot: &mut [u8], mut v: i64) {
+    for d in slot.iter_mut().rev() {
+        *d = b'0' + (v % 10) as u8;
+        v /= 10;
+    }
+}
+
+/// `(year, month 1..=12, day 1..=31)` of the day `z` days after 1970-01-01 (proleptic
+/// Gregorian). <https://howardhinnant.github.io/date_algorithms.html#civil_from_days>
+fn civil_from_days(z: i64) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097); // day of era, 0..=146096
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365; // year of era, 0..=399
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100); // day of year from March 1st, 0..=365
+    let mp = (5 * doy + 2) / 153; // month from March, 0..=11
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
 }
 
 /// Parses an RFC 3339 timestamp (any offset, any fraction length) into ms since the epoch.
@@ -780,6 +1035,7 @@ pub fn parse_timestamp(v: &serde_json::Value) -> Result<Millis, TimeError> {
 mod tests {
     use super::*;
     use crate::engine::PolicyName;
+    use proptest::prelude::{any, Strategy};
 
     const NOW: Millis = 1_800_000_000_000;
 
@@ -1215,6 +1471,69 @@ mod tests {
         assert_eq!(validate_session(""), Err(DecodeError::EmptySession));
     }
 
+    // ------------------------------------------------------------------ trace lines
+
+    #[test]
+    fn trace_lines_decode_in_one_pass_as_field_by_field() {
+        let lines = [
+            r#"{"tenant":"a","session":"s","ts":1767225600001}"#,
+            r#"{"tenant": "t1", "session": "s103500", "ts": 1767225600001, "partition": 3}"#,
+            r#"{"ts":"2026-01-01T00:00:00.250Z","tenant":"a","session":"s","partition":null}"#,
+            r#"{"ts":"2026-01-01T01:00:00+01:00","tenant":"a","session":"s"}"#,
+            r#"{"ts":"2026\u002d01-01T00:00:00Z","tenant":"a","session":"s"}"#,
+            r#"{"ts":-5,"tenant":"a","session":"s"}"#,
+            r#"{"ts":0,"tenant":"a","session":"s","event_id":"e\n","final":true,"part":{"index":1,"count":2},"attributes":{"k":[1]}}"#,
+            r#"{"ts":99999999999999999999,"tenant":"a","session":"s"}"#,
+            r#"{"ts":1.5,"tenant":"a","session":"s"}"#,
+            r#"{"ts":-0,"tenant":"a","session":"s"}"#,
+            r#"{"ts":null,"tenant":"a","session":"s"}"#,
+            r#"{"tenant":"a","session":"s"}"#,
+            r#"{"ts":1,"ts":2,"tenant":"a","session":"s"}"#,
+            r#"{"ts":1,"partition":-1,"tenant":"a","session":"s"}"#,
+            r#"{"ts":1,"partition":4294967296,"tenant":"a","session":"s"}"#,
+            r#"{"ts":1,"partition":"1","tenant":"a","session":"s"}"#,
+            r#"{"ts":1,"partition":1,"partition":1,"tenant":"a","session":"s"}"#,
+            r#"{"ts":1,"tenant":"a b","session":"s"}"#,
+            r#"{"ts":1,"tenant":"a"}"#,
+            r#"{"tenant":7}"#,
+            r#"{"ts":"yesterday","tenant":"a","session":"s"}"#,
+            "[1]",
+            "{",
+        ];
+        for line in lines {
+            assert_eq!(
+                decode_trace_line(line),
+                decode_trace_line_checked(line),
+                "{line}"
+            );
+        }
+        let ok = decode_trace_line(lines[1]).unwrap();
+        assert_eq!(ok.partition, Some(3));
+        assert_eq!(
+            ok.upload,
+            Upload::plain(SessionKey::new("t1", "s103500"), 1_767_225_600_001)
+        );
+        assert_eq!(
+            decode_trace_line(lines[2]).unwrap().upload.event_time,
+            1_767_225_600_250
+        );
+        assert_eq!(decode_trace_line(lines[5]).unwrap().upload.event_time, -5);
+        let reason = |line: &str| match decode_trace_line(line) {
+            Err(TraceLineError::NotATrace(m)) => m,
+            other => panic!("{line}: {other:?}"),
+        };
+        assert!(reason(lines[11]).starts_with("missing \"ts\""));
+        assert!(reason(lines[8]).starts_with("bad \"ts\""));
+        assert!(reason(lines[12]).contains("duplicate field `ts`"));
+        assert!(reason(lines[13]).starts_with("not a trace record"));
+        assert_eq!(
+            decode_trace_line(lines[17]),
+            Err(TraceLineError::Upload(DecodeError::BadTenant(' ')))
+        );
+        // A missing `ts` is reported before the upload's own faults, as always.
+        assert!(reason(lines[19]).starts_with("missing \"ts\""));
+    }
+
     // ------------------------------------------------------------------ time
 
     #[test]
@@ -1257,6 +1576,46 @@ mod tests {
             Err(TimeError::NotRfc3339 { .. })
         ));
         assert!(parse_rfc3339_ms("yesterday").is_err());
+    }
+
+    /// `time`'s own formatting of `ms` (clamped as settle clamps), the reference.
+    fn time_crate_rfc3339(ms: Millis) -> String {
+        let ms = ms.clamp(RFC3339_MIN_MS, RFC3339_MAX_MS);
+        let t =
+            time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000).unwrap();
+        t.format(time::macros::format_description!(
+            "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
+        ))
+        .unwrap()
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(20_000))]
+
+        /// The digit writer agrees with the `time` crate over every i64 settle accepts:
+        /// years 0000-9999 exactly, everything beyond clamped.
+        #[test]
+        fn rfc3339_writer_matches_the_time_crate(
+            ms in proptest::prop_oneof![
+                RFC3339_MIN_MS..=RFC3339_MAX_MS,
+                proptest::num::i64::ANY,
+                -86_400_000_i64..86_400_000,
+                proptest::sample::select(vec![
+                    Millis::MIN, Millis::MAX, RFC3339_MIN_MS, RFC3339_MAX_MS,
+                    RFC3339_MIN_MS - 1, RFC3339_MAX_MS + 1, 0, -1,
+                    // 1600-02-29, 1900-03-01, 2000-02-29, 2100-03-01 (leap-year rules).
+                    -11_670_912_000_000, -2_203_891_200_000, 951_782_400_000,
+                    4_107_542_400_000,
+                ]),
+            ]
+        ) {
+            let expected = time_crate_rfc3339(ms);
+            proptest::prop_assert_eq!(format_rfc3339_ms(ms), expected.clone());
+            let mut out = b"x".to_vec();
+            write_rfc3339_ms(ms, &mut out);
+            proptest::prop_assert_eq!(&out[1..], expected.as_bytes());
+            proptest::prop_assert_eq!(out.len(), 1 + RFC3339_MS_LEN);
+        }
     }
 
     #[test]
@@ -1397,6 +1756,86 @@ mod tests {
                 .emission(),
             bare
         );
+    }
+
+    fn any_emission(instant: std::ops::RangeInclusive<Millis>) -> impl Strategy<Value = Emission> {
+        // Strings that need every kind of escape (quote, backslash, control characters).
+        let text = r#"[a-z/"\\\x00-\x1f\x7fé€🚀 ]{1,12}"#;
+        let attributes = proptest::sample::select(vec![
+            None,
+            Some("{}"),
+            Some(r#"{ "k" : "v\n", "n": [1, 2.5e3, {"x": null}] }"#),
+            Some(r#"{"\u00e9":"\ud83d\ude80"}"#),
+            Some("[1]"),
+            Some("not json"),
+            Some("{\"a\":"),
+        ]);
+        (
+            ("[A-Za-z0-9._:-]{1,8}", text, proptest::option::of(text)),
+            (any::<u64>(), any::<u32>(), any::<i64>()),
+            (instant.clone(), instant.clone(), instant),
+            (0..Trigger::ALL.len(), 0..3_usize, attributes),
+        )
+            .prop_map(
+                |(
+                    (tenant, session, id),
+                    (generation, uploads, delay_ms),
+                    (first, last, due),
+                    (t, p, attributes),
+                )| Emission {
+                    key: SessionKey::new(&tenant, &session),
+                    generation,
+                    trigger: Trigger::ALL[t],
+                    uploads,
+                    first_upload_at: first,
+                    last_upload_at: last,
+                    due_at: due,
+                    delay_ms,
+                    policy: [
+                        PolicyName::Fixed,
+                        PolicyName::LeadingTrailing,
+                        PolicyName::Adaptive,
+                    ][p],
+                    last_event_id: id,
+                    attributes: attributes.map(str::to_owned),
+                },
+            )
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2_000))]
+
+        /// The hand-written encoder writes exactly the bytes `serde_json` writes for the
+        /// record (any instant, strings that need escapes, attributes that are dropped).
+        #[test]
+        fn ready_encoder_writes_the_serde_bytes(
+            em in any_emission(Millis::MIN..=Millis::MAX),
+            emitted_at in any::<i64>(),
+            tier in r#"[a-z"\\]{1,8}"#,
+        ) {
+            let reference =
+                serde_json::to_vec(&ReadyRecord::from_emission(&em, emitted_at, &tier)).unwrap();
+            let mut out = b"prefix".to_vec();
+            encode_ready_into(&em, emitted_at, &tier, &mut out);
+            proptest::prop_assert_eq!(&out[6..], &reference[..]);
+            proptest::prop_assert_eq!(encode_ready(&em, emitted_at, &tier), reference);
+        }
+
+        /// encode → decode gives the emission back (attributes that are not an object are
+        /// left out on the wire, so they come back as none).
+        #[test]
+        fn ready_records_round_trip(
+            em in any_emission(RFC3339_MIN_MS..=RFC3339_MAX_MS),
+            emitted_at in RFC3339_MIN_MS..=RFC3339_MAX_MS,
+        ) {
+            let rec = decode_ready(&encode_ready(&em, emitted_at, "normal")).unwrap();
+            proptest::prop_assert_eq!(rec.emitted_at, emitted_at);
+            proptest::prop_assert_eq!(&rec.tier, "normal");
+            proptest::prop_assert_eq!(&rec.emission_id, &em.emission_id());
+            let kept = em.attributes.clone().filter(|a| json_object(a).is_some());
+            let expected = Emission { attributes: kept.map(|a| json_object(&a).unwrap().get().to_owned()), ..em };
+            proptest::prop_assert_eq!(rec.emission(), expected);
+        }
     }
 
     #[test]

@@ -30,7 +30,7 @@ pub const SIMULATED_TIER: &str = "normal";
 /// bad lines to `reject`. Returns the run's figures (`emitted_at = due_at`).
 pub fn replay<R: BufRead>(
     engine: Engine,
-    input: R,
+    mut input: R,
     mut emit: impl FnMut(&Emission) -> std::io::Result<()>,
     mut reject: impl FnMut(&TraceError),
 ) -> std::io::Result<RunStats> {
@@ -46,9 +46,24 @@ pub fn replay<R: BufRead>(
         }
         Ok(())
     };
-    for (i, text) in input.lines().enumerate() {
-        let text = text?;
-        let line = match parse_trace_line(&text, i + 1) {
+    // One line buffer for the whole input (no allocation per line); a line that is not UTF-8
+    // is a bad line like any other, not the end of the run.
+    let mut text = Vec::new();
+    let mut number = 0;
+    loop {
+        text.clear();
+        if input.read_until(b'\n', &mut text)? == 0 {
+            break;
+        }
+        number += 1;
+        let parsed = match std::str::from_utf8(&text) {
+            Ok(text) => parse_trace_line(text, number),
+            Err(_) => Err(TraceError::Upload {
+                line: number,
+                source: codec::DecodeError::InvalidUtf8,
+            }),
+        };
+        let line = match parsed {
             Ok(Some(line)) => line,
             Ok(None) => continue,
             Err(e) => {
@@ -82,12 +97,15 @@ pub fn replay_to_jsonl<R: BufRead, W: Write>(
     output: &mut W,
     reject: impl FnMut(&TraceError),
 ) -> std::io::Result<RunStats> {
+    let mut record = Vec::with_capacity(512);
     replay(
         engine,
         input,
         |e| {
-            output.write_all(&codec::encode_ready(e, e.due_at, SIMULATED_TIER))?;
-            output.write_all(b"\n")
+            record.clear();
+            codec::encode_ready_into(e, e.due_at, SIMULATED_TIER, &mut record);
+            record.push(b'\n');
+            output.write_all(&record)
         },
         reject,
     )

@@ -5,9 +5,8 @@
 //! read traces, so none of them imports another for it.
 
 use crate::codec;
-use crate::engine::{Millis, Upload};
+use crate::engine::Upload;
 use anyhow::Context as _;
-use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -66,32 +65,22 @@ pub struct TraceLine {
     pub upload: Upload,
 }
 
-#[derive(Deserialize)]
-struct TraceMeta {
-    ts: Option<serde_json::Value>,
-    partition: Option<u32>,
-}
-
-/// Parses one trace line (`line` is its 1-based number). `Ok(None)` for blank/comment lines.
+/// Parses one trace line (`line` is its 1-based number, see `codec::decode_trace_line`).
+/// `Ok(None)` for blank/comment lines.
 pub fn parse_trace_line(text: &str, line: usize) -> Result<Option<TraceLine>, TraceError> {
     let trimmed = text.trim();
     if trimmed.is_empty() || trimmed.starts_with('#') {
         return Ok(None);
     }
-    let bad = |message: String| TraceError::Line { line, message };
-    let meta: TraceMeta = serde_json::from_str(trimmed)
-        .map_err(|e| bad(format!("not a trace record (JSON object with \"ts\"): {e}")))?;
-    let ts = meta
-        .ts
-        .ok_or_else(|| bad("missing \"ts\" (epoch ms integer or RFC 3339 string)".into()))?;
-    let ts = codec::parse_timestamp(&ts).map_err(|e| bad(format!("bad \"ts\": {e}")))?;
-    let upload = codec::decode_upload(None, trimmed.as_bytes(), ts, Millis::MAX)
-        .map_err(|source| TraceError::Upload { line, source })?;
-    Ok(Some(TraceLine {
-        line,
-        partition: meta.partition,
-        upload,
-    }))
+    match codec::decode_trace_line(trimmed) {
+        Ok(record) => Ok(Some(TraceLine {
+            line,
+            partition: record.partition,
+            upload: record.upload,
+        })),
+        Err(codec::TraceLineError::NotATrace(message)) => Err(TraceError::Line { line, message }),
+        Err(codec::TraceLineError::Upload(source)) => Err(TraceError::Upload { line, source }),
+    }
 }
 
 /// Most unusable inputs a [`Trace`] keeps with their error (all are counted).
