@@ -822,7 +822,13 @@ pub fn encode_ready_into(em: &Emission, emitted_at: Millis, tier: &str, out: &mu
     out.extend_from_slice(br#","session":"#);
     push_json_str(out, em.key.session());
     out.extend_from_slice(br#","emission_id":"#);
-    push_json_str(out, &em.emission_id());
+    // `Emission::emission_id` without building it: the escaped key, then the rest of the id
+    // (digits and `/`, which JSON never escapes) before the closing quote.
+    push_json_str(out, em.key.as_str());
+    out.pop();
+    out.push(b'/');
+    out.extend_from_slice(n.format(em.generation).as_bytes());
+    out.push(b'"');
     out.extend_from_slice(br#","generation":"#);
     out.extend_from_slice(n.format(em.generation).as_bytes());
     out.extend_from_slice(br#","trigger":""#);
@@ -965,22 +971,27 @@ fn rfc3339_ms_bytes(ms: Millis) -> [u8; RFC3339_MS_LEN] {
     let (year, month, day) = civil_from_days(days);
     let mut b = *b"0000-00-00T00:00:00.000Z";
     // The clamp keeps the year in 0..=9999 and every other field within its two or three digits.
-    put_digits(&mut b[0..4], year);
-    put_digits(&mut b[5..7], month);
-    put_digits(&mut b[8..10], day);
-    put_digits(&mut b[11..13], sod / 3600);
-    put_digits(&mut b[14..16], sod / 60 % 60);
-    put_digits(&mut b[17..19], sod % 60);
-    put_digits(&mut b[20..23], milli);
+    put2(&mut b[0..2], year / 100);
+    put2(&mut b[2..4], year % 100);
+    put2(&mut b[5..7], month);
+    put2(&mut b[8..10], day);
+    put2(&mut b[11..13], sod / 3600);
+    put2(&mut b[14..16], sod / 60 % 60);
+    put2(&mut b[17..19], sod % 60);
+    b[20] = b'0' + (milli / 100) as u8;
+    put2(&mut b[21..23], milli % 100);
     b
 }
 
-/// Writes the last `slot.len()` decimal digits of `v` (≥ 0) into `slot`, zero-padded.
-fn put_digits(slot: &mut [u8], mut v: i64) {
-    for d in slot.iter_mut().rev() {
-        *d = b'0' + (v % 10) as u8;
-        v /= 10;
-    }
+/// `"00" "01" … "99"`: two digits per table entry.
+const DIGIT_PAIRS: &[u8; 200] = b"\
+0001020304050607080910111213141516171819202122232425262728293031323334353637383940414243444546474849\
+5051525354555657585960616263646566676869707172737475767778798081828384858687888990919293949596979899";
+
+/// Writes `v` (0..=99) as two digits into `slot` (two bytes).
+fn put2(slot: &mut [u8], v: i64) {
+    let i = (v as usize % 100) * 2;
+    slot.copy_from_slice(&DIGIT_PAIRS[i..i + 2]);
 }
 
 /// `(year, month 1..=12, day 1..=31)` of the day `z` days after 1970-01-01 (proleptic

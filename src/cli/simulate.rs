@@ -84,8 +84,16 @@ pub fn replay<R: BufRead>(
         }
         flush(&mut out, &mut stats)?;
     }
-    // End of input: every pending round fires (state expiry timers fire silently).
-    let Ok(_) = driver.advance(&mut table, Millis::MAX / 4, &mut out);
+    // End of input: every pending round fires. Partition time moves to the latest round's due
+    // time (again, while a max-wait continuation opens a later one), not to the end of time:
+    // the state expiries behind the rounds would fire silently, one timer per key.
+    while let Some(last) = table.last_round_due() {
+        let Ok(fired) = driver.advance(&mut table, last, &mut out);
+        if fired == 0 {
+            // Cannot happen (every round has its timer); never loop on it.
+            break;
+        }
+    }
     flush(&mut out, &mut stats)?;
     Ok(stats)
 }
@@ -248,6 +256,47 @@ mod tests {
         let (ems, _, _) = run(PolicySpec::fixed(10), trace);
         let keys: Vec<_> = ems.iter().map(|e| e.key.to_string()).collect();
         assert_eq!(keys, vec!["t/a", "t/z"]);
+    }
+
+    #[test]
+    fn end_of_input_fires_every_round_as_advancing_to_the_end_of_time_does() {
+        // Busy keys with max-wait continuations, sparse keys, short state-ttl.
+        let mut trace = String::new();
+        let mut uploads = Vec::new();
+        for i in 0..400_i64 {
+            let (session, ts) = match i % 4 {
+                0 | 1 => (format!("hot{}", i % 3), i * 37),
+                2 => (format!("s{i}"), i * 37 + 11),
+                _ => (format!("s{}", i / 8), i * 41),
+            };
+            trace.push_str(&format!(
+                r#"{{"tenant":"t","session":"{session}","ts":{ts}}}"#
+            ));
+            trace.push('\n');
+            uploads.push(Upload::plain(
+                crate::engine::SessionKey::new("t", &session),
+                ts,
+            ));
+        }
+        let spec = PolicySpec::adaptive(300, 5_000)
+            .with_max_wait(700)
+            .with_state_ttl(2_000);
+        let (ems, _, errs) = run(spec.clone(), &trace);
+        assert!(errs.is_empty(), "{errs:?}");
+        let mut driver = Driver::new(Engine::new(PolicyTable::uniform(spec)));
+        let mut table = MemTable::new();
+        let mut expected = Vec::new();
+        let mut now = Millis::MIN;
+        for u in &uploads {
+            now = now.max(u.event_time);
+            driver.apply(&mut table, now, u, &mut expected).unwrap();
+        }
+        driver
+            .advance(&mut table, Millis::MAX / 4, &mut expected)
+            .unwrap();
+        assert!(expected.iter().any(|e| e.trigger == Trigger::MaxWait));
+        assert_eq!(ems.len(), expected.len());
+        assert!(ems == expected, "the emissions differ");
     }
 
     #[test]

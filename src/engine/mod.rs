@@ -80,6 +80,10 @@ impl Engine {
 
     /// The policy in force for `key`'s tenant.
     pub fn spec_for(&self, key: &SessionKey) -> &PolicySpec {
+        if self.policies.tenants.is_empty() {
+            // No overrides: no need to find the tenant in the key (once per step).
+            return &self.policies.default;
+        }
         self.policies.for_tenant(key.tenant())
     }
 
@@ -87,10 +91,7 @@ impl Engine {
     /// debounce deadline and its max-wait), or the state's expiry when no round is open.
     pub fn next_due(&self, key: &SessionKey, state: &SessionState) -> Millis {
         match &state.round {
-            Some(r) => match r.max_wait_at {
-                Some(m) => m.min(r.deadline),
-                None => r.deadline,
-            },
+            Some(r) => r.due(),
             None => state
                 .last_upload_at
                 .saturating_add(self.spec_for(key).state_ttl),

@@ -11,10 +11,10 @@
 //! records the interval the upload observed (`engine::learn`).
 
 use super::learn::{TenantAges, TenantStats, MAX_LEARNED_TENANTS};
-use super::types::{Emission, Millis, SessionKey, SessionState, Upload};
+use super::types::{Emission, Millis, Round, SessionKey, SessionState, Upload};
 use super::{Applied, Engine, Step};
 use rustc_hash::FxHashMap;
-use std::collections::BTreeSet;
+use std::collections::btree_map::{BTreeMap, Entry};
 
 /// Per-key state and timers of one partition, as the driver needs them. Implementations may
 /// buffer changes (the store batches them into one write per input batch).
@@ -224,10 +224,18 @@ impl Driver {
 
 /// An in-memory [`SessionTable`]: a hash map of states, an ordered set of timers, and the
 /// tenants' learned-delay statistics with their eviction order.
+///
+/// States are boxed so that growing the map moves pointers, not states (hundreds of bytes
+/// each). Timers are grouped by due time ([`TimerIndex`]), and the earliest due time is
+/// cached: [`SessionTable::first_due`] is asked before every upload, and most of the time
+/// nothing is due, so it answers without walking the tree.
 #[derive(Clone, Debug, Default)]
 pub struct MemTable {
-    sessions: FxHashMap<SessionKey, SessionState>,
-    timers: BTreeSet<(Millis, SessionKey)>,
+    sessions: FxHashMap<SessionKey, Box<SessionState>>,
+    timers: TimerIndex,
+    /// `Some(d)`: `d` is the due time of the first timer (or `Millis::MAX` with none);
+    /// `None`: unknown (the first timer was removed), read from `timers` on the next ask.
+    first_due: Option<Millis>,
     tenants: FxHashMap<Box<str>, TenantStats>,
     tenant_ages: TenantAges,
 }
@@ -255,7 +263,7 @@ impl MemTable {
 
     /// The state of `key`, if any.
     pub fn state(&self, key: &SessionKey) -> Option<&SessionState> {
-        self.sessions.get(key)
+        self.sessions.get(key).map(|s| &**s)
     }
 
     /// Due time of the earliest timer.
@@ -271,7 +279,16 @@ impl MemTable {
             .map(|(d, _)| *d)
     }
 
-    /// All timers in firing order.
+    /// Due time of the latest open round (`None`: no round open). With [`Driver::advance`] to
+    /// it, every pending round fires and state expiries after it are not walked through.
+    pub fn last_round_due(&self) -> Option<Millis> {
+        self.sessions
+            .values()
+            .filter_map(|s| s.round.as_ref().map(Round::due))
+            .max()
+    }
+
+    /// All timers in firing order, `(due, key)`.
     pub fn timers(&self) -> impl Iterator<Item = &(Millis, SessionKey)> {
         self.timers.iter()
     }
@@ -291,14 +308,14 @@ impl SessionTable for MemTable {
     type Error = std::convert::Infallible;
 
     fn get(&mut self, key: &SessionKey) -> Result<Option<SessionState>, Self::Error> {
-        Ok(self.sessions.get(key).cloned())
+        Ok(self.sessions.get(key).map(|s| SessionState::clone(s)))
     }
 
     fn put(&mut self, key: &SessionKey, state: &SessionState) -> Result<(), Self::Error> {
         match self.sessions.get_mut(key) {
-            Some(s) => s.clone_from(state),
+            Some(s) => (**s).clone_from(state),
             None => {
-                self.sessions.insert(key.clone(), state.clone());
+                self.sessions.insert(key.clone(), Box::new(state.clone()));
             }
         }
         Ok(())
@@ -316,10 +333,10 @@ impl SessionTable for MemTable {
     ) -> Result<R, Self::Error> {
         match self.sessions.get_mut(key) {
             Some(slot) => {
-                let mut state = Some(std::mem::take(slot));
+                let mut state = Some(std::mem::take(&mut **slot));
                 let (r, _) = f(&mut state);
                 match state {
-                    Some(s) => *slot = s,
+                    Some(s) => **slot = s,
                     None => {
                         self.sessions.remove(key);
                     }
@@ -330,7 +347,7 @@ impl SessionTable for MemTable {
                 let mut state = None;
                 let (r, _) = f(&mut state);
                 if let Some(s) = state {
-                    self.sessions.insert(key.clone(), s);
+                    self.sessions.insert(key.clone(), Box::new(s));
                 }
                 Ok(r)
             }
@@ -338,16 +355,27 @@ impl SessionTable for MemTable {
     }
 
     fn set_timer(&mut self, due: Millis, key: &SessionKey) -> Result<(), Self::Error> {
-        self.timers.insert((due, key.clone()));
+        self.timers.insert(due, key);
+        if let Some(first) = &mut self.first_due {
+            *first = (*first).min(due);
+        }
         Ok(())
     }
 
     fn cancel_timer(&mut self, due: Millis, key: &SessionKey) -> Result<(), Self::Error> {
-        self.timers.remove(&(due, key.clone()));
+        if self.timers.remove(due, key) && self.first_due == Some(due) {
+            self.first_due = None;
+        }
         Ok(())
     }
 
     fn first_due(&mut self, now: Millis) -> Result<Option<(Millis, SessionKey)>, Self::Error> {
+        let first = *self
+            .first_due
+            .get_or_insert_with(|| self.timers.first().map_or(Millis::MAX, |(d, _)| *d));
+        if first > now {
+            return Ok(None);
+        }
         Ok(self.timers.first().filter(|(d, _)| *d <= now).cloned())
     }
 
@@ -375,5 +403,94 @@ impl SessionTable for MemTable {
             }
         }
         Ok(())
+    }
+}
+
+/// Timers in `(due, key)` order, grouped by due time: the tree compares integers only, and
+/// keys are compared only among the timers due in the same millisecond (usually none).
+#[derive(Clone, Debug, Default)]
+struct TimerIndex {
+    by_due: BTreeMap<Millis, DueTimers>,
+}
+
+/// The timers of one due time, in key order.
+#[derive(Clone, Debug)]
+enum DueTimers {
+    /// The common case: one key due at that time (no allocation).
+    One((Millis, SessionKey)),
+    /// Two or more, sorted by key.
+    Many(Vec<(Millis, SessionKey)>),
+}
+
+impl DueTimers {
+    fn as_slice(&self) -> &[(Millis, SessionKey)] {
+        match self {
+            DueTimers::One(t) => std::slice::from_ref(t),
+            DueTimers::Many(v) => v,
+        }
+    }
+}
+
+impl TimerIndex {
+    /// Adds `(due, key)` (no-op when present).
+    fn insert(&mut self, due: Millis, key: &SessionKey) {
+        let slot = match self.by_due.entry(due) {
+            Entry::Vacant(e) => {
+                e.insert(DueTimers::One((due, key.clone())));
+                return;
+            }
+            Entry::Occupied(e) => e.into_mut(),
+        };
+        match slot {
+            DueTimers::One((_, k)) if k == key => {}
+            DueTimers::One(t) => {
+                let mut both = vec![t.clone(), (due, key.clone())];
+                both.sort_by(|a, b| a.1.cmp(&b.1));
+                *slot = DueTimers::Many(both);
+            }
+            DueTimers::Many(v) => {
+                if let Err(i) = v.binary_search_by(|(_, k)| k.cmp(key)) {
+                    v.insert(i, (due, key.clone()));
+                }
+            }
+        }
+    }
+
+    /// Removes `(due, key)`; whether it was there.
+    fn remove(&mut self, due: Millis, key: &SessionKey) -> bool {
+        let Entry::Occupied(mut e) = self.by_due.entry(due) else {
+            return false;
+        };
+        match e.get_mut() {
+            DueTimers::One((_, k)) => {
+                if k != key {
+                    return false;
+                }
+                e.remove();
+            }
+            DueTimers::Many(v) => {
+                let Ok(i) = v.binary_search_by(|(_, k)| k.cmp(key)) else {
+                    return false;
+                };
+                v.remove(i);
+                if let [only] = v.as_mut_slice() {
+                    let only = only.clone();
+                    *e.get_mut() = DueTimers::One(only);
+                }
+            }
+        }
+        true
+    }
+
+    /// The first timer in `(due, key)` order.
+    fn first(&self) -> Option<&(Millis, SessionKey)> {
+        self.by_due
+            .first_key_value()
+            .and_then(|(_, d)| d.as_slice().first())
+    }
+
+    /// Every timer in `(due, key)` order.
+    fn iter(&self) -> impl Iterator<Item = &(Millis, SessionKey)> {
+        self.by_due.values().flat_map(DueTimers::as_slice)
     }
 }

@@ -460,3 +460,66 @@ fn a_stale_timer_from_an_older_policy_fires_once_and_is_replaced() {
     assert_eq!(timers, vec![(60_000, key("s"))]);
     assert!(table.state(&key("s")).is_some());
 }
+
+#[test]
+fn mem_table_timers_keep_due_then_key_order_within_one_millisecond() {
+    let mut t = MemTable::new();
+    for (due, k) in [(5, "c"), (5, "a"), (3, "z"), (5, "b"), (5, "a"), (9, "a")] {
+        t.set_timer(due, &key(k)).unwrap();
+    }
+    let all = |t: &MemTable| -> Vec<(Millis, String)> {
+        t.timers()
+            .map(|(d, k)| (*d, k.session().to_owned()))
+            .collect()
+    };
+    let expect = |v: &[(Millis, &str)]| -> Vec<(Millis, String)> {
+        v.iter().map(|(d, k)| (*d, (*k).to_owned())).collect()
+    };
+    assert_eq!(
+        all(&t),
+        expect(&[(3, "z"), (5, "a"), (5, "b"), (5, "c"), (9, "a")])
+    );
+    assert_eq!(t.first_due(4).unwrap(), Some((3, key("z"))));
+    assert_eq!(t.first_due(2).unwrap(), None);
+    // Removing the first timer makes the next one first (the cached due is refreshed).
+    t.cancel_timer(3, &key("z")).unwrap();
+    assert_eq!(t.first_due(4).unwrap(), None);
+    assert_eq!(t.first_due(5).unwrap(), Some((5, key("a"))));
+    t.cancel_timer(5, &key("b")).unwrap();
+    t.cancel_timer(5, &key("x")).unwrap(); // not there: nothing changes
+    t.cancel_timer(6, &key("a")).unwrap();
+    assert_eq!(all(&t), expect(&[(5, "a"), (5, "c"), (9, "a")]));
+    t.cancel_timer(5, &key("a")).unwrap();
+    assert_eq!(t.first_due(Millis::MAX).unwrap(), Some((5, key("c"))));
+    t.cancel_timer(5, &key("c")).unwrap();
+    t.set_timer(1, &key("q")).unwrap();
+    assert_eq!(all(&t), expect(&[(1, "q"), (9, "a")]));
+    assert_eq!(t.first_due(1).unwrap(), Some((1, key("q"))));
+    assert_eq!(t.next_due(), Some(1));
+}
+
+#[test]
+fn last_round_due_is_the_latest_open_round() {
+    let spec = PolicySpec::fixed(1_000).with_max_wait(1_500);
+    let mut d = Driver::new(Engine::new(PolicyTable::uniform(spec)));
+    let mut t = MemTable::new();
+    let mut out = Vec::new();
+    assert_eq!(t.last_round_due(), None);
+    for (s, at) in [("a", 0), ("b", 200), ("b", 900)] {
+        d.apply(&mut t, at, &Upload::plain(key(s), at), &mut out)
+            .unwrap();
+    }
+    // a: deadline 1 000; b: max-wait 1 700 before its deadline 1 900.
+    assert_eq!(t.last_round_due(), Some(1_700));
+    d.advance(&mut t, 1_700, &mut out).unwrap();
+    // b's max_wait emission opened an empty continuation round, due at its old deadline.
+    assert_eq!(
+        summary(&out),
+        vec![(1_000, Trigger::Trailing, 1), (1_700, Trigger::MaxWait, 2)]
+    );
+    assert_eq!(t.last_round_due(), Some(1_900));
+    d.advance(&mut t, 1_900, &mut out).unwrap();
+    assert_eq!(t.last_round_due(), None);
+    assert_eq!(out.len(), 2);
+    assert_eq!(t.len(), 2, "state expiries are still pending");
+}

@@ -20,7 +20,19 @@ pub struct SessionKey(Arc<str>);
 impl SessionKey {
     /// Builds `tenant/session`.
     pub fn new(tenant: &str, session: &str) -> Self {
-        let mut s = String::with_capacity(tenant.len() + 1 + session.len());
+        let (t, len) = (tenant.len(), tenant.len() + 1 + session.len());
+        // Joined on the stack, so the shared string is the only allocation (once per upload).
+        let mut buf = [0u8; 96];
+        if let Some(joined) = buf.get_mut(..len) {
+            joined[..t].copy_from_slice(tenant.as_bytes());
+            joined[t] = b'/';
+            joined[t + 1..].copy_from_slice(session.as_bytes());
+            // Two `str`s joined by `/` are UTF-8: this check never fails.
+            if let Ok(key) = std::str::from_utf8(joined) {
+                return SessionKey(Arc::from(key));
+            }
+        }
+        let mut s = String::with_capacity(len);
         s.push_str(tenant);
         s.push('/');
         s.push_str(session);
@@ -215,6 +227,16 @@ pub struct Round {
     pub attributes: Option<String>,
     /// Distinct split-upload part indexes seen in this round, sorted.
     pub parts: Vec<u32>,
+}
+
+impl Round {
+    /// When the round is due (ms): the earlier of its debounce deadline and its max-wait.
+    pub fn due(&self) -> Millis {
+        match self.max_wait_at {
+            Some(m) => m.min(self.deadline),
+            None => self.deadline,
+        }
+    }
 }
 
 /// Everything the engine keeps for one session key (stored per key by the shell).
