@@ -36,6 +36,10 @@ pub const SESSION_MAX_BYTES: usize = 256;
 pub const EVENT_ID_MAX_BYTES: usize = 128;
 /// Most bytes of the `attributes` object as it appears in the record (16 KiB, SEMANTICS §2).
 pub const ATTRIBUTES_MAX_BYTES: usize = 16 * 1024;
+/// Most levels of nesting in `attributes` (SEMANTICS §2): the object itself is level 1, each
+/// object or array inside another one more. Emitted records then nest at most 65 levels, which
+/// every common JSON parser reads (`serde_json` stops at 128, Python's `json` near 1 000).
+pub const ATTRIBUTES_MAX_DEPTH: usize = 64;
 /// Header of every output record carrying its `emission_id` (SEMANTICS §2).
 pub const EMISSION_ID_HEADER: &str = "settle-emission-id";
 
@@ -118,6 +122,12 @@ pub enum DecodeError {
     /// `attributes` is longer than [`ATTRIBUTES_MAX_BYTES`] as written in the record.
     #[error("field `attributes` must be at most 16384 bytes, got {0}")]
     AttributesTooLarge(usize),
+    /// `attributes` nests objects and arrays deeper than [`ATTRIBUTES_MAX_DEPTH`] levels.
+    #[error("field `attributes` must nest at most 64 levels")]
+    AttributesTooDeep,
+    /// The record has no key: its session's uploads could be spread over partitions.
+    #[error("record key is missing (it must be `tenant/session`)")]
+    MissingKey,
     /// The record key is not UTF-8.
     #[error("record key is not valid UTF-8")]
     KeyNotUtf8,
@@ -133,7 +143,7 @@ pub enum DecodeError {
 
 impl DecodeError {
     /// Every [`DecodeError::reason`] code, in declaration order.
-    pub const ALL_REASONS: [&'static str; 24] = [
+    pub const ALL_REASONS: [&'static str; 26] = [
         "invalid_utf8",
         "invalid_json",
         "not_an_object",
@@ -156,6 +166,8 @@ impl DecodeError {
         "final_not_bool",
         "attributes_not_object",
         "attributes_too_large",
+        "attributes_too_deep",
+        "missing_key",
         "key_not_utf8",
         "key_mismatch",
     ];
@@ -186,6 +198,8 @@ impl DecodeError {
             DecodeError::FinalNotBool => "final_not_bool",
             DecodeError::AttributesNotObject => "attributes_not_object",
             DecodeError::AttributesTooLarge(_) => "attributes_too_large",
+            DecodeError::AttributesTooDeep => "attributes_too_deep",
+            DecodeError::MissingKey => "missing_key",
             DecodeError::KeyNotUtf8 => "key_not_utf8",
             DecodeError::KeyMismatch { .. } => "key_mismatch",
         }
@@ -253,16 +267,17 @@ pub fn validate_session(session: &str) -> Result<(), DecodeError> {
 
 /// Decodes and validates one input record (SEMANTICS §2) with its event time (§3).
 ///
-/// * `record_key`: the broker record key, if any; when present it must be UTF-8 and equal
-///   `tenant/session` byte for byte.
+/// * `record_key`: the broker record key (on NATS the `settle-key` header). It must be there
+///   (`None`: [`DecodeError::MissingKey`]), be UTF-8 and equal `tenant/session` byte for byte.
+///   Records of formats that have no key (trace files) go through [`decode_trace_line`].
 /// * `payload`: the record value, a JSON object. Fields other than `tenant`, `session`,
-///   `event_id`, `part`, `final` and `attributes` are ignored (so `settle simulate` trace
-///   lines with `"ts"` and `"partition"` decode as they are). `null` for an optional field
+///   `event_id`, `part`, `final` and `attributes` are ignored. `null` for an optional field
 ///   means absent.
 /// * `timestamp_ms`: the record timestamp (ms since the epoch); `wall_clock_ms`: the
 ///   processor's wall clock (ms). Event time = `min(timestamp_ms, wall_clock_ms)`.
 ///
-/// `attributes` is kept as its raw JSON text (as written in the record, ≤ 16 KiB).
+/// `attributes` is kept as its raw JSON text (as written in the record, ≤ 16 KiB, nesting
+/// ≤ [`ATTRIBUTES_MAX_DEPTH`]).
 ///
 /// Errors: the first rule broken, see [`DecodeError`].
 pub fn decode_upload(
@@ -274,9 +289,8 @@ pub fn decode_upload(
     let text = std::str::from_utf8(payload).map_err(|_| DecodeError::InvalidUtf8)?;
     let wire = parse_wire(text, None)?;
     let fields = wire.check()?;
-    if let Some(key) = record_key {
-        check_record_key(key, &fields.tenant, &fields.session)?;
-    }
+    let key = record_key.ok_or(DecodeError::MissingKey)?;
+    check_record_key(key, &fields.tenant, &fields.session)?;
     Ok(fields.into_upload(timestamp_ms.min(wall_clock_ms)))
 }
 
@@ -461,6 +475,9 @@ impl<'de> Wire<'de> {
                 }
                 if text.len() > ATTRIBUTES_MAX_BYTES {
                     return Err(DecodeError::AttributesTooLarge(text.len()));
+                }
+                if too_deep(text, ATTRIBUTES_MAX_DEPTH) {
+                    return Err(DecodeError::AttributesTooDeep);
                 }
                 Some(raw)
             }
@@ -658,6 +675,38 @@ impl<'de> Visitor<'de> for UploadSeed<'_, 'de> {
     }
 }
 
+/// Whether JSON text nests objects and arrays deeper than `limit` levels, found in one pass
+/// without recursion, so any depth is safe to check. String contents are skipped by their
+/// quotes and escapes. (The parser skips and captures values without recursing, so a payload
+/// is read whatever its depth before this check.)
+fn too_deep(text: &str, limit: usize) -> bool {
+    let (mut depth, mut in_string, mut escaped) = (0_usize, false, false);
+    for &b in text.as_bytes() {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => {
+                depth += 1;
+                if depth > limit {
+                    return true;
+                }
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
+}
+
 /// A serde error's message without the " at line L column C" suffix.
 fn strip_position(e: &impl fmt::Display) -> String {
     let s = e.to_string();
@@ -705,9 +754,10 @@ pub struct ReadyRecord {
     pub tenant: String,
     /// Session of the session key.
     pub session: String,
-    /// `tenant/session/generation`: the consumers' de-duplication id.
+    /// `tenant/session/state_created_at/generation` (`Emission::emission_id`): the consumers'
+    /// de-duplication id.
     pub emission_id: String,
-    /// 1 for the first emission of a key, +1 for each next one.
+    /// 1 for the first emission of a key's state, +1 for each next one.
     pub generation: u64,
     /// Why it was emitted (`leading`, `trailing`, `max_wait`, `complete`, `final`).
     pub trigger: Trigger,
@@ -742,8 +792,9 @@ pub struct ReadyRecord {
 impl ReadyRecord {
     /// The record for `em`, sent at `emitted_at` (ms) to `tier`'s topic.
     ///
-    /// `attributes` text that is not a JSON object is left out; it cannot happen for uploads
-    /// that went through [`decode_upload`] (the engine carries the text unchanged).
+    /// `attributes` text that is not a JSON object nested at most [`ATTRIBUTES_MAX_DEPTH`]
+    /// levels is left out; it cannot happen for uploads that went through [`decode_upload`]
+    /// (the engine carries the text unchanged).
     pub fn from_emission(em: &Emission, emitted_at: Millis, tier: &str) -> Self {
         ReadyRecord {
             tenant: em.key.tenant().to_owned(),
@@ -769,10 +820,29 @@ impl ReadyRecord {
         SessionKey::new(&self.tenant, &self.session)
     }
 
-    /// The engine emission this record was made from (drops `emitted_at` and `tier`).
+    /// `state_created_at` of the emission, read from `emission_id`; `None` when the id is not
+    /// `tenant/session/<integer>/generation` (which [`decode_ready`] refuses).
+    pub fn state_created_at(&self) -> Option<Millis> {
+        let rest = self
+            .emission_id
+            .strip_prefix(self.tenant.as_str())?
+            .strip_prefix('/')?
+            .strip_prefix(self.session.as_str())?
+            .strip_prefix('/')?;
+        let (created, generation) = rest.split_once('/')?;
+        // Exactly as settle writes them: no sign, no leading zero, the record's generation.
+        let at: Millis = created.parse().ok()?;
+        let written = itoa::Buffer::new().format(at) == created
+            && itoa::Buffer::new().format(self.generation) == generation;
+        written.then_some(at)
+    }
+
+    /// The engine emission this record was made from (drops `emitted_at` and `tier`;
+    /// `state_created_at` from [`ReadyRecord::state_created_at`], 0 if the id has none).
     pub fn emission(&self) -> Emission {
         Emission {
             key: self.key(),
+            state_created_at: self.state_created_at().unwrap_or(0),
             generation: self.generation,
             trigger: self.trigger,
             uploads: self.uploads,
@@ -787,9 +857,10 @@ impl ReadyRecord {
     }
 }
 
-/// `text` as a JSON value if it is a JSON object (what `attributes` may be on the wire).
+/// `text` as a JSON value if it may be `attributes` on the wire: a JSON object nested at most
+/// [`ATTRIBUTES_MAX_DEPTH`] levels (what [`decode_upload`] lets through).
 fn json_object(text: &str) -> Option<&RawValue> {
-    if !text.starts_with('{') {
+    if !text.starts_with('{') || too_deep(text, ATTRIBUTES_MAX_DEPTH) {
         return None;
     }
     serde_json::from_str::<&RawValue>(text).ok()
@@ -826,6 +897,8 @@ pub fn encode_ready_into(em: &Emission, emitted_at: Millis, tier: &str, out: &mu
     // (digits and `/`, which JSON never escapes) before the closing quote.
     push_json_str(out, em.key.as_str());
     out.pop();
+    out.push(b'/');
+    out.extend_from_slice(n.format(em.state_created_at).as_bytes());
     out.push(b'/');
     out.extend_from_slice(n.format(em.generation).as_bytes());
     out.push(b'"');
@@ -876,9 +949,17 @@ fn push_json_str(out: &mut Vec<u8>, s: &str) {
 }
 
 /// Decodes an output record (for tests and tools). Strict: unknown fields, missing required
-/// fields and timestamps that are not RFC 3339 strings are errors.
+/// fields, timestamps that are not RFC 3339 strings and an `emission_id` other than
+/// `tenant/session/state_created_at/generation` are errors.
 pub fn decode_ready(bytes: &[u8]) -> Result<ReadyRecord, serde_json::Error> {
-    serde_json::from_slice(bytes)
+    let record: ReadyRecord = serde_json::from_slice(bytes)?;
+    if record.state_created_at().is_none() {
+        return Err(de::Error::custom(format_args!(
+            "emission_id {:?} is not tenant/session/state_created_at/generation",
+            record.emission_id
+        )));
+    }
+    Ok(record)
 }
 
 /// serde for `Option<String>` holding JSON text: embedded as raw JSON, read back as text.
@@ -1050,8 +1131,30 @@ mod tests {
 
     const NOW: Millis = 1_800_000_000_000;
 
+    /// The record key of a payload: `tenant/session` when both are strings (any key will do
+    /// for payloads that break a rule of their own: those are reported first).
+    fn key_of(payload: &str) -> String {
+        let v: serde_json::Value = serde_json::from_str(payload).unwrap_or_default();
+        match (v["tenant"].as_str(), v["session"].as_str()) {
+            (Some(t), Some(s)) => format!("{t}/{s}"),
+            _ => "x/y".into(),
+        }
+    }
+
     fn decode(payload: &str) -> Result<Upload, DecodeError> {
-        decode_upload(None, payload.as_bytes(), NOW, NOW)
+        let key = key_of(payload);
+        decode_upload(Some(key.as_bytes()), payload.as_bytes(), NOW, NOW)
+    }
+
+    /// `attributes` nested `levels` deep: an object of arrays, `{"a":[[…[1]…]]}` (2 bytes a
+    /// level, so 5 000 levels fit in 16 KiB, as in the issue).
+    fn nested(levels: usize) -> String {
+        let inner = levels.saturating_sub(1);
+        format!(r#"{{"a":{}1{}}}"#, "[".repeat(inner), "]".repeat(inner))
+    }
+
+    fn with_attributes(attributes: &str) -> String {
+        format!(r#"{{"tenant":"a","session":"s","attributes":{attributes}}}"#)
     }
 
     fn reason(payload: &str) -> &'static str {
@@ -1114,8 +1217,9 @@ mod tests {
     #[test]
     fn event_time_is_capped_at_the_wall_clock() {
         let p = br#"{"tenant":"a","session":"s"}"#;
-        assert_eq!(decode_upload(None, p, 1000, 5000).unwrap().event_time, 1000);
-        assert_eq!(decode_upload(None, p, 9000, 5000).unwrap().event_time, 5000);
+        let key = Some(&b"a/s"[..]);
+        assert_eq!(decode_upload(key, p, 1000, 5000).unwrap().event_time, 1000);
+        assert_eq!(decode_upload(key, p, 9000, 5000).unwrap().event_time, 5000);
     }
 
     #[test]
@@ -1379,10 +1483,55 @@ mod tests {
     }
 
     #[test]
+    fn attributes_nest_at_most_64_levels_checked_without_recursion() {
+        assert_eq!(nested(1), r#"{"a":1}"#);
+        assert_eq!(nested(3), r#"{"a":[[1]]}"#);
+        let ok = decode(&with_attributes(&nested(ATTRIBUTES_MAX_DEPTH))).unwrap();
+        assert_eq!(
+            ok.attributes.as_deref(),
+            Some(nested(ATTRIBUTES_MAX_DEPTH).as_str())
+        );
+        for levels in [65, 100, 126, 127, 128, 200, 5_000] {
+            assert_eq!(
+                decode(&with_attributes(&nested(levels))),
+                Err(DecodeError::AttributesTooDeep),
+                "{levels} levels"
+            );
+        }
+        // Brackets inside strings are not nesting; escaped quotes do not end a string.
+        let tricky = format!(r#"{{"s":"{}\"[[[","t":[{{}}]}}"#, "{".repeat(200));
+        assert!(decode(&with_attributes(&tricky)).is_ok());
+        // A field settle ignores is skipped whatever its depth (it is never emitted).
+        let deep_other = format!(r#"{{"tenant":"a","session":"s","x":{}}}"#, nested(5_000));
+        assert!(decode_upload(Some(b"a/s"), deep_other.as_bytes(), 0, 0).is_ok());
+        // Deep attributes are reported after the record's other faults.
+        let deep_and_bad_tenant = format!(
+            r#"{{"tenant":"a b","session":"s","attributes":{}}}"#,
+            nested(100)
+        );
+        assert_eq!(reason(&deep_and_bad_tenant), "bad_tenant");
+    }
+
+    #[test]
+    fn depth_is_counted_outside_strings() {
+        assert!(!too_deep("{}", 1));
+        assert!(too_deep("{}", 0));
+        assert!(too_deep(r#"{"a":{"b":1}}"#, 1));
+        assert!(!too_deep(r#"{"x":"{{{[[","y":"\"{{"}"#, 1));
+        assert!(too_deep(r#"[[1]]"#, 1));
+        assert!(!too_deep(r#"[1],[2],{"a":3}"#, 1));
+    }
+
+    #[test]
     fn record_key_rules() {
         let p = br#"{"tenant":"acme","session":"run/1"}"#;
         assert!(decode_upload(Some(b"acme/run/1"), p, 0, 0).is_ok());
-        assert!(decode_upload(None, p, 0, 0).is_ok());
+        assert_eq!(decode_upload(None, p, 0, 0), Err(DecodeError::MissingKey));
+        // The payload's own faults come first.
+        assert_eq!(
+            decode_upload(None, br#"{"tenant":"acme"}"#, 0, 0),
+            Err(DecodeError::MissingSession)
+        );
         for bad in [
             &b"acme/run/2"[..],
             b"acme",
@@ -1442,6 +1591,8 @@ mod tests {
             decode(r#"{"tenant":"a","session":"s","final":0}"#).unwrap_err(),
             decode(r#"{"tenant":"a","session":"s","attributes":[]}"#).unwrap_err(),
             DecodeError::AttributesTooLarge(20_000),
+            decode(&with_attributes(&nested(65))).unwrap_err(),
+            decode_upload(None, br#"{"tenant":"a","session":"s"}"#, 0, 0).unwrap_err(),
             decode_upload(Some(b"\xff"), br#"{"tenant":"a","session":"s"}"#, 0, 0).unwrap_err(),
             decode_upload(Some(b"a/t"), br#"{"tenant":"a","session":"s"}"#, 0, 0).unwrap_err(),
         ];
@@ -1464,8 +1615,8 @@ mod tests {
             ("event_id", 14..16),
             ("part", 16..19),
             ("final", 19..20),
-            ("attributes", 20..22),
-            ("record key", 22..24),
+            ("attributes", 20..23),
+            ("record key", 23..26),
         ];
         for (name, range) in fields {
             for e in &samples[range] {
@@ -1668,6 +1819,7 @@ mod tests {
     fn emission() -> Emission {
         Emission {
             key: SessionKey::new("acme", "run/42"),
+            state_created_at: 1_796_008_000_000,
             generation: 3,
             trigger: Trigger::MaxWait,
             uploads: 17,
@@ -1688,7 +1840,7 @@ mod tests {
         let expected = serde_json::json!({
             "tenant": "acme",
             "session": "run/42",
-            "emission_id": "acme/run/42/3",
+            "emission_id": "acme/run/42/1796008000000/3",
             "generation": 3,
             "trigger": "max_wait",
             "uploads": 17,
@@ -1783,18 +1935,19 @@ mod tests {
         ]);
         (
             ("[A-Za-z0-9._:-]{1,8}", text, proptest::option::of(text)),
-            (any::<u64>(), any::<u32>(), any::<i64>()),
+            (any::<u64>(), any::<u32>(), any::<i64>(), any::<i64>()),
             (instant.clone(), instant.clone(), instant),
             (0..Trigger::ALL.len(), 0..3_usize, attributes),
         )
             .prop_map(
                 |(
                     (tenant, session, id),
-                    (generation, uploads, delay_ms),
+                    (generation, uploads, delay_ms, state_created_at),
                     (first, last, due),
                     (t, p, attributes),
                 )| Emission {
                     key: SessionKey::new(&tenant, &session),
+                    state_created_at,
                     generation,
                     trigger: Trigger::ALL[t],
                     uploads,
@@ -1887,5 +2040,24 @@ mod tests {
         assert!(decode_ready(missing.as_bytes()).is_err());
         let bad_trigger = good.replace("max_wait", "sometime");
         assert!(decode_ready(bad_trigger.as_bytes()).is_err());
+        // The emission id must be tenant/session/state_created_at/generation, exactly.
+        for id in [
+            "acme/run/42/3",
+            "acme/run/42/1796008000000/4",
+            "acme/run/42/01796008000000/3",
+            "acme/run/42/+1796008000000/3",
+            "acme/run/4/1796008000000/3",
+            "acme/run/42/x/3",
+        ] {
+            let other = good.replace("acme/run/42/1796008000000/3", id);
+            assert!(decode_ready(other.as_bytes()).is_err(), "{id}");
+        }
+        let negative = good.replace("/1796008000000/", "/-5/");
+        assert_eq!(
+            decode_ready(negative.as_bytes())
+                .unwrap()
+                .state_created_at(),
+            Some(-5)
+        );
     }
 }

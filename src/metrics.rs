@@ -677,6 +677,7 @@ mod tests {
         let mut publisher = m.publisher(["normal", "limited"]);
         let e = Emission {
             key: SessionKey::new("t", "s"),
+            state_created_at: 0,
             generation: 1,
             trigger: Trigger::Trailing,
             uploads: 4,

@@ -189,6 +189,7 @@ mod tests {
     fn em(trigger: Trigger, last: Millis, due: Millis, uploads: u32) -> Emission {
         Emission {
             key: SessionKey::new("t", "s"),
+            state_created_at: 0,
             generation: 1,
             trigger,
             uploads,

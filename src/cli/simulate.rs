@@ -3,12 +3,14 @@
 //! Trace format (JSONL): each line is an upload record (SEMANTICS §2) plus `"ts"` — the
 //! upload's event time, an epoch-ms integer or an RFC 3339 string — and an optional
 //! `"partition"` (u32, informational: with every partition caught up, emissions do not
-//! depend on it). Blank lines and lines starting with `#` are skipped.
+//! depend on it). Blank lines and lines starting with `#` are skipped. A trace has no record
+//! keys: each line's session key is its own `tenant/session` (`codec::decode_trace_line`), as
+//! if the producer had keyed it correctly.
 //!
 //! Before a line is applied, every round due at or before its `ts` fires; at end of input all
 //! pending rounds fire. Output: one ready record per emission (`emitted_at = due_at`,
-//! tier `normal`), in emission order, ties ordered by session key. A bad line is reported
-//! with its line number and skipped; the run goes on.
+//! tier `normal`), in emission order, ties ordered by session key. A bad line (also one that
+//! is not UTF-8) is reported with its line number and skipped; the run goes on.
 
 pub use super::trace::{parse_trace_line, TraceError, TraceLine};
 use crate::codec;
@@ -297,6 +299,47 @@ mod tests {
         assert!(expected.iter().any(|e| e.trigger == Trigger::MaxWait));
         assert_eq!(ems.len(), expected.len());
         assert!(ems == expected, "the emissions differ");
+    }
+
+    #[test]
+    fn a_long_random_replay_with_a_short_state_ttl_repeats_no_emission_id() {
+        // Issue 16: random traces with a 60 s state-ttl used to repeat hundreds of ids.
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(16);
+        let mut trace = String::new();
+        let mut ts: Millis = 1_767_225_600_000;
+        for _ in 0..20_000 {
+            ts += rng.random_range(0..400);
+            let session = rng.random_range(0..300);
+            trace.push_str(&format!(
+                r#"{{"tenant":"t{}","session":"s{session}","ts":{ts}}}"#,
+                session % 3
+            ));
+            trace.push('\n');
+        }
+        let mut out = Vec::new();
+        let spec = PolicySpec::adaptive(5_000, 600_000).with_state_ttl(60_000);
+        let engine = Engine::new(PolicyTable::uniform(spec));
+        let stats = replay_to_jsonl(engine, trace.as_bytes(), &mut out, |e| panic!("{e}")).unwrap();
+        let records: Vec<codec::ReadyRecord> = out
+            .split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| codec::decode_ready(l).unwrap())
+            .collect();
+        assert_eq!(records.len() as u64, stats.emissions);
+        let ids: std::collections::BTreeSet<&str> =
+            records.iter().map(|r| r.emission_id.as_str()).collect();
+        assert_eq!(ids.len(), records.len(), "an emission id repeated");
+        // Keys did expire and start again: `tenant/session/generation` alone would repeat.
+        let old_ids: std::collections::BTreeSet<(String, u64)> = records
+            .iter()
+            .map(|r| (r.key().to_string(), r.generation))
+            .collect();
+        assert!(
+            records.len() - old_ids.len() > 100,
+            "only {} restarts",
+            records.len() - old_ids.len()
+        );
     }
 
     #[test]

@@ -11,7 +11,9 @@
 //! * every key has at most one timer: the due time of its open round, or, with no round open,
 //!   the expiry of its state (`last upload + state_ttl`), see [`Engine::next_due`];
 //! * a round that is due fires before any upload at or after its `due_at` is applied;
-//! * generations increase by exactly one per emission of a key;
+//! * generations increase by exactly one per emission of a key's state, and a state keeps the
+//!   event time it was created at ([`SessionState::created_at`]): together they make emission
+//!   ids that never repeat (SEMANTICS §2);
 //! * no emission has `due_at > now`.
 //!
 //! One extension of SEMANTICS §4, off by default: under `adaptive` with
@@ -154,6 +156,7 @@ impl Engine {
             }
             None => {
                 let s = state.insert(SessionState {
+                    created_at: upload.event_time,
                     last_upload_at: upload.event_time,
                     ..SessionState::default()
                 });
@@ -351,6 +354,7 @@ fn emission(
     s.generation += 1;
     Emission {
         key: key.clone(),
+        state_created_at: s.created_at,
         generation: s.generation,
         trigger,
         uploads: round.uploads,

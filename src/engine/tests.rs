@@ -37,7 +37,7 @@ fn fixed_example_from_spec() {
     let e = &out[0];
     assert_eq!((e.first_upload_at, e.last_upload_at), (0, 300));
     assert_eq!((e.generation, e.delay_ms), (1, 500));
-    assert_eq!(e.emission_id(), "t/s/1");
+    assert_eq!(e.emission_id(), "t/s/0/1");
     assert_eq!(e.policy, PolicyName::Fixed);
 }
 
@@ -522,4 +522,93 @@ fn last_round_due_is_the_latest_open_round() {
     assert_eq!(t.last_round_due(), None);
     assert_eq!(out.len(), 2);
     assert_eq!(t.len(), 2, "state expiries are still pending");
+}
+
+#[test]
+fn a_key_that_comes_back_after_its_state_expired_gets_new_ids() {
+    // SEMANTICS §2, the example: uploads of acme/f two hours apart, state-ttl 1 h.
+    let spec = PolicySpec::adaptive(5_000, 600_000).with_state_ttl(3_600_000);
+    let t0: Millis = 1_767_225_600_000;
+    let f = SessionKey::new("acme", "f");
+    let uploads = [
+        Upload::plain(f.clone(), t0),
+        Upload::plain(f.clone(), t0 + 7_200_000),
+    ];
+    let out = run(spec, &uploads);
+    assert_eq!(out.len(), 2);
+    assert_eq!(
+        (out[0].generation, out[1].generation),
+        (1, 1),
+        "the state restarted"
+    );
+    assert_eq!(out[0].emission_id(), format!("acme/f/{t0}/1"));
+    assert_eq!(out[1].emission_id(), format!("acme/f/{}/1", t0 + 7_200_000));
+}
+
+#[test]
+fn ids_of_one_state_keep_its_creation_time_and_survive_a_store_round_trip() {
+    let spec = PolicySpec::fixed(1_000);
+    let engine = Engine::new(PolicyTable::uniform(spec));
+    let (mut st, mut out) = (None, Vec::new());
+    engine.on_upload(500, &mut st, &Upload::plain(key("s"), 500), &mut out);
+    engine.on_time(1_500, &key("s"), &mut st, &mut out);
+    // What the store keeps and reads back (postcard, as the store writes it).
+    let bytes = postcard::to_allocvec(&st).unwrap();
+    let mut st: Option<SessionState> = postcard::from_bytes(&bytes).unwrap();
+    assert_eq!(st.as_ref().map(|s| s.created_at), Some(500));
+    engine.on_upload(9_000, &mut st, &Upload::plain(key("s"), 9_000), &mut out);
+    engine.on_time(10_000, &key("s"), &mut st, &mut out);
+    let ids: Vec<String> = out.iter().map(Emission::emission_id).collect();
+    assert_eq!(ids, ["t/s/500/1", "t/s/500/2"]);
+}
+
+#[test]
+fn an_empty_continuation_round_is_renewed_at_its_max_wait_bound() {
+    // SEMANTICS §4: delay 5 000, max-wait 1 000. Uploads at 0 and 500 → max_wait at 1 000;
+    // the empty continuation round (deadline 5 500) reaches its own bound at 2 000 first and
+    // is renewed there, so the upload at 2 500 is emitted at 3 000 (the max-wait cadence),
+    // not at 3 500 (a round opened by it).
+    let out = run(
+        PolicySpec::fixed(5_000).with_max_wait(1_000),
+        &at(&[0, 500, 2_500]),
+    );
+    assert_eq!(
+        summary(&out),
+        vec![(1_000, Trigger::MaxWait, 2), (3_000, Trigger::MaxWait, 1)]
+    );
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+    /// SEMANTICS §2: with a short state-ttl, keys expire and come back, over random traces and
+    /// every policy; no two emissions share an id.
+    #[test]
+    fn emission_ids_never_repeat_across_state_expiry(
+        gaps in proptest::collection::vec((0..4_usize, 0_i64..3_000), 1..200),
+        policy in 0..3_usize,
+    ) {
+        let spec = [
+            PolicySpec::fixed(300),
+            PolicySpec::leading_trailing(300),
+            PolicySpec::adaptive(100, 2_000),
+        ][policy]
+        .clone()
+        .with_max_wait(700)
+        .with_state_ttl(1_000);
+        let mut t = 0;
+        let uploads: Vec<Upload> = gaps
+            .iter()
+            .map(|&(k, gap)| {
+                t += gap;
+                Upload::plain(key(&format!("k{k}")), t)
+            })
+            .collect();
+        let out = run(spec, &uploads);
+        let mut ids: Vec<String> = out.iter().map(Emission::emission_id).collect();
+        let n = ids.len();
+        ids.sort();
+        ids.dedup();
+        proptest::prop_assert_eq!(ids.len(), n);
+    }
 }

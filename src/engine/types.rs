@@ -242,7 +242,11 @@ impl Round {
 /// Everything the engine keeps for one session key (stored per key by the shell).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct SessionState {
-    /// Generation of the key's latest emission; 0 before the first.
+    /// Event time (ms) of the upload that created this state: the key's first upload, or its
+    /// first after the previous state expired (`state-ttl`). Part of every emission id of the
+    /// state (SEMANTICS §2), so the ids of two lives of one key never meet.
+    pub created_at: Millis,
+    /// Generation of the key's latest emission in this state; 0 before the first.
     pub generation: u64,
     /// Event time of the key's last non-late upload.
     pub last_upload_at: Millis,
@@ -260,7 +264,9 @@ pub struct SessionState {
 pub struct Emission {
     /// `tenant/session`.
     pub key: SessionKey,
-    /// 1 for the first emission of a key, +1 for each next one.
+    /// [`SessionState::created_at`] of the state that emitted it (ms, event time).
+    pub state_created_at: Millis,
+    /// 1 for the first emission of a key's state, +1 for each next one.
     pub generation: u64,
     /// Why it was emitted.
     pub trigger: Trigger,
@@ -283,8 +289,22 @@ pub struct Emission {
 }
 
 impl Emission {
-    /// `tenant/session/generation`: stable across crashes, restarts and rebalances.
+    /// `tenant/session/state_created_at/generation` (SEMANTICS §2), e.g.
+    /// `acme/build-42/1767225600000/3`: the same for every copy of a round's emission (it is
+    /// made of event times and the stored state only) and different for every other round of
+    /// the key, also after its state expired and started again at generation 1 (the new state
+    /// has a later `created_at`). The key is the part before the last two `/`.
     pub fn emission_id(&self) -> String {
-        format!("{}/{}", self.key, self.generation)
+        let (mut created, mut generation) = (itoa::Buffer::new(), itoa::Buffer::new());
+        let (created, generation) = (
+            created.format(self.state_created_at),
+            generation.format(self.generation),
+        );
+        let key = self.key.as_str();
+        let mut id = String::with_capacity(key.len() + created.len() + generation.len() + 2);
+        for part in [key, "/", created, "/", generation] {
+            id.push_str(part);
+        }
+        id
     }
 }

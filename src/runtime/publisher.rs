@@ -294,6 +294,7 @@ mod tests {
             seq,
             emission: Emission {
                 key: SessionKey::new(tenant, session),
+                state_created_at: T0,
                 generation: 1,
                 trigger: Trigger::Trailing,
                 uploads: 1,

@@ -1117,6 +1117,7 @@ fn fencing_check_flags_publishes_outside_ownership() -> Result<()> {
     let record = |generation: u64, instance: &str, partition: i32, ms: i64| ReadyOut {
         emission: Emission {
             key: SessionKey::new("t", "s"),
+            state_created_at: 0,
             generation,
             trigger: Trigger::Trailing,
             uploads: 1,

@@ -4,7 +4,7 @@
 //! `encode_ready` output validates against `ready.schema.json`.
 
 use serde_json::{json, Value};
-use settle::codec::{decode_upload, encode_ready, ATTRIBUTES_MAX_BYTES};
+use settle::codec::{decode_upload, encode_ready, ATTRIBUTES_MAX_BYTES, ATTRIBUTES_MAX_DEPTH};
 use settle::engine::{Emission, PolicyName, SessionKey, Trigger};
 use std::path::Path;
 
@@ -21,6 +21,22 @@ fn validator(name: &str) -> jsonschema::Validator {
         .should_validate_formats(true)
         .build(&schema)
         .unwrap()
+}
+
+/// Objects nested `levels` deep, `{"a":{"a":…{"a":1}…}}`.
+fn nested(levels: usize) -> String {
+    format!("{}1{}", r#"{"a":"#.repeat(levels), "}".repeat(levels))
+}
+
+/// Decodes `payload` as a record keyed `tenant/session` of its own fields (the record key
+/// rules are not what the schema is about; a key is always given).
+fn decode(payload: &str) -> Result<settle::engine::Upload, settle::codec::DecodeError> {
+    let v: Value = serde_json::from_str(payload).unwrap_or_default();
+    let key = match (v["tenant"].as_str(), v["session"].as_str()) {
+        (Some(t), Some(s)) => format!("{t}/{s}"),
+        _ => "x/y".into(),
+    };
+    decode_upload(Some(key.as_bytes()), payload.as_bytes(), 0, 0)
 }
 
 /// `None` = the decoder accepts it; `Some(reason)` = it rejects it with that reason.
@@ -46,6 +62,14 @@ fn samples() -> Vec<(&'static str, String, Option<&'static str>)> {
         (
             "trace line",
             s(r#"{"ts":"2026-01-01T00:00:00.000Z","partition":7,"tenant":"a","session":"s"}"#),
+            None,
+        ),
+        (
+            "attributes nested 64 levels",
+            format!(
+                r#"{{"tenant":"a","session":"s","attributes":{}}}"#,
+                nested(ATTRIBUTES_MAX_DEPTH)
+            ),
             None,
         ),
         (
@@ -248,6 +272,14 @@ fn decoder_only() -> Vec<(&'static str, String, &'static str)> {
     let big = format!(r#"{{"k":"{}"}}"#, "x".repeat(ATTRIBUTES_MAX_BYTES));
     vec![
         (
+            "attributes nested 65 levels",
+            format!(
+                r#"{{"tenant":"a","session":"s","attributes":{}}}"#,
+                nested(ATTRIBUTES_MAX_DEPTH + 1)
+            ),
+            "attributes_too_deep",
+        ),
+        (
             "index > count",
             r#"{"tenant":"a","session":"s","part":{"index":3,"count":2}}"#.into(),
             "part_index_out_of_range",
@@ -289,7 +321,7 @@ fn upload_schema_and_decoder_agree() {
     let mut accepted = 0;
     for (name, payload, expected) in samples() {
         let value: Value = serde_json::from_str(&payload).unwrap();
-        let decoded = decode_upload(None, payload.as_bytes(), 0, 0);
+        let decoded = decode(&payload);
         assert_eq!(
             decoded.as_ref().err().map(|e| e.reason()),
             expected,
@@ -315,7 +347,7 @@ fn schema_limits_are_exactly_the_documented_differences() {
             schema.is_valid(&value),
             "{name}: the schema now rejects it; move it to samples()"
         );
-        let e = decode_upload(None, payload.as_bytes(), 0, 0).unwrap_err();
+        let e = decode(&payload).unwrap_err();
         assert_eq!(e.reason(), reason, "{name}");
     }
 }
@@ -323,6 +355,7 @@ fn schema_limits_are_exactly_the_documented_differences() {
 fn emission(trigger: Trigger, attributes: Option<&str>, event_id: Option<&str>) -> Emission {
     Emission {
         key: SessionKey::new("acme.eu", "run/42 日本"),
+        state_created_at: 1_796_000_000_000,
         generation: 12,
         trigger,
         uploads: 700,
@@ -387,10 +420,21 @@ fn ready_schema_rejects_what_the_codec_never_writes() {
     with("generation 0", &|o| {
         o.insert("generation".into(), json!(0));
     });
+    with("emission id without the state's creation time", &|o| {
+        o.insert("emission_id".into(), json!("acme.eu/run/42 日本/12"));
+    });
     with("attributes array", &|o| {
         o.insert("attributes".into(), json!([]));
     });
     for (name, v) in cases {
         assert!(!schema.is_valid(&v), "{name} should be rejected");
     }
+}
+
+#[test]
+fn a_record_without_a_key_is_dead_lettered_whatever_its_payload() {
+    let payload = br#"{"tenant":"acme","session":"s1"}"#;
+    let e = decode_upload(None, payload, 0, 0).unwrap_err();
+    assert_eq!(e.reason(), "missing_key");
+    assert!(decode_upload(Some(b"acme/s1"), payload, 0, 0).is_ok());
 }

@@ -83,7 +83,7 @@ async fn state_timers_outbox_and_offset_survive_a_restart() {
             .iter()
             .map(|e| e.emission.emission_id())
             .collect();
-        assert_eq!(owed, ["acme/s1/1", "acme/s2/1"]);
+        assert_eq!(owed, [format!("acme/s1/{T0}/1"), format!("acme/s2/{T0}/1")]);
     }
 
     // Run 3: the sink is back; the outbox is re-published and emptied.
@@ -92,7 +92,7 @@ async fn state_timers_outbox_and_offset_survive_a_restart() {
         .await;
     let out = emitted(broker);
     let ids: Vec<String> = out.iter().map(|(e, _)| e.emission_id()).collect();
-    assert_eq!(ids, ["acme/s1/1", "acme/s2/1"]);
+    assert_eq!(ids, [format!("acme/s1/{T0}/1"), format!("acme/s2/{T0}/1")]);
     for (e, _) in &out {
         assert_eq!(e.due_at, T0 + DELAY);
         assert_eq!(e.uploads, 1);
@@ -102,13 +102,13 @@ async fn state_timers_outbox_and_offset_survive_a_restart() {
     assert_eq!(store.outbox_len(), 0);
     assert_eq!(store.stored_offset(), Some(2));
 
-    // A later upload continues the key: generation 2, not a fresh key.
+    // A later upload continues the key's state: generation 2, not a fresh key.
     drop(store);
     produce(broker, "acme", "s1", f.clock.now_ms());
     f.run_until(|m| all(m, 1, |s| s.published == 1 && s.is_idle()))
         .await;
     let last = emitted(broker).pop().unwrap().0;
-    assert_eq!(last.emission_id(), "acme/s1/2");
+    assert_eq!(last.emission_id(), format!("acme/s1/{T0}/2"));
 }
 
 #[tokio::test(start_paused = true)]
@@ -149,7 +149,7 @@ async fn crash_between_durable_and_acked_republishes_the_same_id_once_more() {
     }
     let expected: BTreeMap<String, usize> = ["a", "b", "c", "d"]
         .iter()
-        .map(|s| (format!("acme/{s}/1"), 2))
+        .map(|s| (format!("acme/{s}/{T0}/1"), 2))
         .collect();
     assert_eq!(
         count, expected,

@@ -200,6 +200,6 @@ async fn a_revoked_partition_stops_before_the_revocation_is_acknowledged() {
         .collect();
     assert_eq!(
         ids,
-        BTreeSet::from(["acme/a/1".to_owned(), format!("acme/{key_b}/1")])
+        BTreeSet::from([format!("acme/a/{T0}/1"), format!("acme/{key_b}/{T0}/1")])
     );
 }

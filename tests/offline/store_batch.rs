@@ -19,6 +19,7 @@ fn key(s: &str) -> SessionKey {
 
 fn state(generation: u64, open_round: bool) -> SessionState {
     SessionState {
+        created_at: 1_000,
         generation,
         last_upload_at: 1_000,
         last_applied_event_id: Some(format!("e{generation}")),
@@ -40,6 +41,7 @@ fn state(generation: u64, open_round: bool) -> SessionState {
 
 fn emission(n: u64) -> Emission {
     Emission {
+        state_created_at: 10,
         key: key(&format!("s{n}")),
         generation: n,
         trigger: Trigger::Trailing,
