@@ -225,13 +225,14 @@ impl Driver {
 /// An in-memory [`SessionTable`]: a hash map of states, an ordered set of timers, and the
 /// tenants' learned-delay statistics with their eviction order.
 ///
-/// States are boxed so that growing the map moves pointers, not states (hundreds of bytes
-/// each). Timers are grouped by due time ([`TimerIndex`]), and the earliest due time is
+/// States live in one vector of slots indexed from the map ([`Sessions`]), so that growing the
+/// map moves small entries, not states (hundreds of bytes each), and no state is an allocation
+/// of its own. Timers are grouped by due time ([`TimerIndex`]), and the earliest due time is
 /// cached: [`SessionTable::first_due`] is asked before every upload, and most of the time
 /// nothing is due, so it answers without walking the tree.
 #[derive(Clone, Debug, Default)]
 pub struct MemTable {
-    sessions: FxHashMap<SessionKey, Box<SessionState>>,
+    sessions: Sessions,
     timers: TimerIndex,
     /// `Some(d)`: `d` is the due time of the first timer (or `Millis::MAX` with none);
     /// `None`: unknown (the first timer was removed), read from `timers` on the next ask.
@@ -248,22 +249,22 @@ impl MemTable {
 
     /// Number of keys with state.
     pub fn len(&self) -> usize {
-        self.sessions.len()
+        self.sessions.index.len()
     }
 
     /// True when no key has state.
     pub fn is_empty(&self) -> bool {
-        self.sessions.is_empty()
+        self.sessions.index.is_empty()
     }
 
     /// Number of keys with an open round (pending emissions or continuation rounds).
     pub fn open_rounds(&self) -> usize {
-        self.sessions.values().filter(|s| s.round.is_some()).count()
+        self.sessions.states().filter(|s| s.round.is_some()).count()
     }
 
     /// The state of `key`, if any.
     pub fn state(&self, key: &SessionKey) -> Option<&SessionState> {
-        self.sessions.get(key).map(|s| &**s)
+        self.sessions.get(key)
     }
 
     /// Due time of the earliest timer.
@@ -283,7 +284,7 @@ impl MemTable {
     /// it, every pending round fires and state expiries after it are not walked through.
     pub fn last_round_due(&self) -> Option<Millis> {
         self.sessions
-            .values()
+            .states()
             .filter_map(|s| s.round.as_ref().map(Round::due))
             .max()
     }
@@ -308,15 +309,13 @@ impl SessionTable for MemTable {
     type Error = std::convert::Infallible;
 
     fn get(&mut self, key: &SessionKey) -> Result<Option<SessionState>, Self::Error> {
-        Ok(self.sessions.get(key).map(|s| SessionState::clone(s)))
+        Ok(self.sessions.get(key).cloned())
     }
 
     fn put(&mut self, key: &SessionKey, state: &SessionState) -> Result<(), Self::Error> {
-        match self.sessions.get_mut(key) {
-            Some(s) => (**s).clone_from(state),
-            None => {
-                self.sessions.insert(key.clone(), Box::new(state.clone()));
-            }
+        match self.sessions.index.get(key) {
+            Some(&i) => self.sessions.slot(i).clone_from(state),
+            None => self.sessions.insert(key, state.clone()),
         }
         Ok(())
     }
@@ -331,15 +330,14 @@ impl SessionTable for MemTable {
         key: &SessionKey,
         f: impl FnOnce(&mut Option<SessionState>) -> (R, bool),
     ) -> Result<R, Self::Error> {
-        match self.sessions.get_mut(key) {
-            Some(slot) => {
-                let mut state = Some(std::mem::take(&mut **slot));
+        match self.sessions.index.get(key) {
+            Some(&i) => {
+                let slot = self.sessions.slot(i);
+                let mut state = Some(std::mem::take(slot));
                 let (r, _) = f(&mut state);
                 match state {
-                    Some(s) => **slot = s,
-                    None => {
-                        self.sessions.remove(key);
-                    }
+                    Some(s) => *slot = s,
+                    None => self.sessions.remove(key),
                 }
                 Ok(r)
             }
@@ -347,7 +345,7 @@ impl SessionTable for MemTable {
                 let mut state = None;
                 let (r, _) = f(&mut state);
                 if let Some(s) = state {
-                    self.sessions.insert(key.clone(), Box::new(s));
+                    self.sessions.insert(key, s);
                 }
                 Ok(r)
             }
@@ -403,6 +401,75 @@ impl SessionTable for MemTable {
             }
         }
         Ok(())
+    }
+}
+
+/// The states of a [`MemTable`]: `index` maps a key to its slot number; slots are kept in
+/// chunks of [`SLOTS_PER_CHUNK`] that never move once allocated (growing copies no state).
+/// Slots of forgotten keys (reset to the default state) are listed in `free` and used first.
+#[derive(Clone, Debug, Default)]
+struct Sessions {
+    index: FxHashMap<SessionKey, u32>,
+    chunks: Vec<Vec<SessionState>>,
+    free: Vec<u32>,
+}
+
+/// Slots per chunk of [`Sessions`] (a power of two).
+const SLOTS_PER_CHUNK: usize = 4096;
+
+impl Sessions {
+    fn get(&self, key: &SessionKey) -> Option<&SessionState> {
+        self.index.get(key).map(|&i| self.at(i))
+    }
+
+    fn at(&self, i: u32) -> &SessionState {
+        let i = i as usize;
+        &self.chunks[i / SLOTS_PER_CHUNK][i % SLOTS_PER_CHUNK]
+    }
+
+    fn slot(&mut self, i: u32) -> &mut SessionState {
+        let i = i as usize;
+        &mut self.chunks[i / SLOTS_PER_CHUNK][i % SLOTS_PER_CHUNK]
+    }
+
+    /// Every state held, in no particular order.
+    fn states(&self) -> impl Iterator<Item = &SessionState> {
+        self.index.values().map(|&i| self.at(i))
+    }
+
+    /// Adds the state of a key that has none.
+    fn insert(&mut self, key: &SessionKey, state: SessionState) {
+        let i = match self.free.pop() {
+            Some(i) => {
+                *self.slot(i) = state;
+                i
+            }
+            None => {
+                if self
+                    .chunks
+                    .last()
+                    .is_none_or(|c| c.len() == SLOTS_PER_CHUNK)
+                {
+                    self.chunks.push(Vec::with_capacity(SLOTS_PER_CHUNK));
+                }
+                let used = (self.chunks.len() - 1) * SLOTS_PER_CHUNK;
+                let chunk = self.chunks.last_mut();
+                // Invariant: a chunk with room was pushed just above; fewer than 2^32 keys
+                // live in one partition's memory (each takes hundreds of bytes).
+                let chunk = chunk.expect("a chunk with room");
+                chunk.push(state);
+                u32::try_from(used + chunk.len() - 1).expect("fewer than 2^32 sessions")
+            }
+        };
+        self.index.insert(key.clone(), i);
+    }
+
+    /// Forgets `key` (no-op without state).
+    fn remove(&mut self, key: &SessionKey) {
+        if let Some(i) = self.index.remove(key) {
+            *self.slot(i) = SessionState::default();
+            self.free.push(i);
+        }
     }
 }
 

@@ -612,3 +612,32 @@ proptest::proptest! {
         proptest::prop_assert_eq!(ids.len(), n);
     }
 }
+
+#[test]
+fn mem_table_slots_of_forgotten_keys_are_reused_without_mixing_states() {
+    let mut t = MemTable::new();
+    let state = |generation| SessionState {
+        generation,
+        ..SessionState::default()
+    };
+    for i in 0..5_000_u64 {
+        t.put(&key(&format!("k{i}")), &state(i)).unwrap();
+    }
+    for i in (0..5_000_u64).step_by(2) {
+        t.delete(&key(&format!("k{i}"))).unwrap();
+    }
+    for i in 5_000..7_000_u64 {
+        t.update(&key(&format!("k{i}")), |s| {
+            *s = Some(state(i));
+            ((), true)
+        })
+        .unwrap();
+    }
+    assert_eq!(t.len(), 2_500 + 2_000);
+    for i in 0..7_000_u64 {
+        let got = t.state(&key(&format!("k{i}"))).map(|s| s.generation);
+        let expected = (i >= 5_000 || i % 2 == 1).then_some(i);
+        assert_eq!(got, expected, "k{i}");
+    }
+    assert_eq!(t.get(&key("k7")).unwrap(), Some(state(7)));
+}
