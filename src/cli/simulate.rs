@@ -86,16 +86,7 @@ pub fn replay<R: BufRead>(
         }
         flush(&mut out, &mut stats)?;
     }
-    // End of input: every pending round fires. Partition time moves to the latest round's due
-    // time (again, while a max-wait continuation opens a later one), not to the end of time:
-    // the state expiries behind the rounds would fire silently, one timer per key.
-    while let Some(last) = table.last_round_due() {
-        let Ok(fired) = driver.advance(&mut table, last, &mut out);
-        if fired == 0 {
-            // Cannot happen (every round has its timer); never loop on it.
-            break;
-        }
-    }
+    fire_pending(&mut driver, &mut table, &mut out);
     flush(&mut out, &mut stats)?;
     Ok(stats)
 }
@@ -149,10 +140,22 @@ pub fn replay_trace(engine: Engine, trace: &Trace, mut emit: impl FnMut(&Emissio
         }
         flush(&mut out, &mut stats);
     }
-    // End of input: every pending round fires (the horizon `simulate::replay` uses).
-    let Ok(_) = driver.advance(&mut table, Millis::MAX / 4, &mut out);
+    fire_pending(&mut driver, &mut table, &mut out);
     flush(&mut out, &mut stats);
     stats
+}
+
+/// End of input: every pending round fires. Partition time moves to the latest round's due
+/// time (again, while a max-wait continuation opens a later one), not to the end of time: the
+/// state expiries behind the rounds would fire silently, one timer per key.
+fn fire_pending(driver: &mut Driver, table: &mut MemTable, out: &mut Vec<Emission>) {
+    while let Some(last) = table.last_round_due() {
+        let Ok(fired) = driver.advance(table, last, out);
+        if fired == 0 {
+            // Cannot happen (every round has its timer); never loop on it.
+            break;
+        }
+    }
 }
 
 /// `settle simulate`: loads the config (`config`, else the defaults), reads the trace of
@@ -209,7 +212,7 @@ pub fn command(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::{PolicySpec, PolicyTable, Trigger};
+    use crate::engine::{PolicySpec, PolicyTable, Trigger, Upload};
 
     fn run(spec: PolicySpec, trace: &str) -> (Vec<Emission>, RunStats, Vec<String>) {
         let mut ems = Vec::new();

@@ -817,13 +817,46 @@ mod tests {
         };
         let mut c = Collector::new("test".into(), range, Millis::MAX);
         let rec = |s: &str| format!(r#"{{"tenant":"t","session":"{s}"}}"#);
+        let key = |s: &str| format!("t/{s}");
         // Partition 1 has a record stamped before its predecessor: it keeps its place.
-        c.push(1, String::new, None, rec("a").as_bytes(), 300);
-        c.push(1, String::new, None, rec("b").as_bytes(), 200);
-        c.push(0, String::new, None, rec("c").as_bytes(), 250);
-        c.push(0, String::new, None, b"not json", 260);
-        c.push(0, String::new, None, rec("d").as_bytes(), 50);
-        c.push(2, String::new, None, rec("e").as_bytes(), 300);
+        c.push(
+            1,
+            String::new,
+            Some(key("a").as_bytes()),
+            rec("a").as_bytes(),
+            300,
+        );
+        c.push(
+            1,
+            String::new,
+            Some(key("b").as_bytes()),
+            rec("b").as_bytes(),
+            200,
+        );
+        c.push(
+            0,
+            String::new,
+            Some(key("c").as_bytes()),
+            rec("c").as_bytes(),
+            250,
+        );
+        c.push(0, String::new, Some(key("x").as_bytes()), b"not json", 260);
+        c.push(
+            0,
+            String::new,
+            Some(key("d").as_bytes()),
+            rec("d").as_bytes(),
+            50,
+        );
+        c.push(
+            2,
+            String::new,
+            Some(key("e").as_bytes()),
+            rec("e").as_bytes(),
+            300,
+        );
+        // A record without a key is rejected as the runtime would dead-letter it.
+        c.push(2, String::new, None, rec("f").as_bytes(), 400);
         let read = c.finish();
         let order: Vec<(String, Millis)> = read
             .trace
@@ -841,8 +874,9 @@ mod tests {
             ]
         );
         let s = &read.summary;
-        assert_eq!((s.records, s.outside_range, s.uploads), (6, 1, 4));
+        assert_eq!((s.records, s.outside_range, s.uploads), (7, 1, 4));
         assert_eq!(s.rejected.get("invalid_json"), Some(&1));
-        assert_eq!(read.trace.rejected_count(), 1);
+        assert_eq!(s.rejected.get("missing_key"), Some(&1));
+        assert_eq!(read.trace.rejected_count(), 2);
     }
 }
