@@ -817,44 +817,25 @@ mod tests {
         };
         let mut c = Collector::new("test".into(), range, Millis::MAX);
         let rec = |s: &str| format!(r#"{{"tenant":"t","session":"{s}"}}"#);
-        let key = |s: &str| format!("t/{s}");
         // Partition 1 has a record stamped before its predecessor: it keeps its place.
-        c.push(
-            1,
-            String::new,
-            Some(key("a").as_bytes()),
-            rec("a").as_bytes(),
-            300,
-        );
-        c.push(
-            1,
-            String::new,
-            Some(key("b").as_bytes()),
-            rec("b").as_bytes(),
-            200,
-        );
-        c.push(
-            0,
-            String::new,
-            Some(key("c").as_bytes()),
-            rec("c").as_bytes(),
-            250,
-        );
-        c.push(0, String::new, Some(key("x").as_bytes()), b"not json", 260);
-        c.push(
-            0,
-            String::new,
-            Some(key("d").as_bytes()),
-            rec("d").as_bytes(),
-            50,
-        );
-        c.push(
-            2,
-            String::new,
-            Some(key("e").as_bytes()),
-            rec("e").as_bytes(),
-            300,
-        );
+        let records = [
+            (1, "a", rec("a"), 300),
+            (1, "b", rec("b"), 200),
+            (0, "c", rec("c"), 250),
+            (0, "x", "not json".to_owned(), 260),
+            (0, "d", rec("d"), 50),
+            (2, "e", rec("e"), 300),
+        ];
+        for (partition, session, payload, ts) in records {
+            let key = format!("t/{session}");
+            c.push(
+                partition,
+                String::new,
+                Some(key.as_bytes()),
+                payload.as_bytes(),
+                ts,
+            );
+        }
         // A record without a key is rejected as the runtime would dead-letter it.
         c.push(2, String::new, None, rec("f").as_bytes(), 400);
         let read = c.finish();
