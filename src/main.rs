@@ -70,7 +70,8 @@ enum Command {
         /// Only this partition.
         #[arg(long)]
         partition: Option<i32>,
-        /// Show one session's state (CallTrack, open round, next due): tenant/session.
+        /// Show only this session's state (CallTrack, open round, next due) and the store it
+        /// lives in: tenant/session; exits 1 when no store read holds it.
         #[arg(long)]
         session: Option<String>,
         /// How many upcoming timers to list per partition.
