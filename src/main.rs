@@ -3,6 +3,7 @@
 
 use clap::{Parser, Subcommand, ValueEnum};
 use settle::cli;
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -175,11 +176,29 @@ fn main() -> ExitCode {
     init_logging(cli.log_format, default_level);
     match run(cli.command) {
         Ok(code) => code,
+        // The reader of standard output went away (`settle inspect | head`): what it wanted
+        // is printed, so end quietly with status 0, as the tool would have at its end.
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// True when `e` (or any error it wraps) is an `EPIPE` write: standard output's reader closed.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// Writes a tool's summary and a newline to standard output (an error, not a panic as with
+/// `println!`, when its reader is gone).
+fn print_summary(summary: &impl std::fmt::Display) -> std::io::Result<()> {
+    writeln!(std::io::stdout().lock(), "{summary}")
 }
 
 fn run(command: Command) -> anyhow::Result<ExitCode> {
@@ -191,7 +210,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Loadgen(args) => {
             let report = cli::loadgen::run(&args)?;
-            println!("{report}");
+            print_summary(&report)?;
             if report.failed > 0 {
                 return Ok(ExitCode::FAILURE);
             }
@@ -208,7 +227,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                 seed,
                 progress: !no_progress,
             })?;
-            println!("{report}");
+            print_summary(&report)?;
         }
         Command::Inspect {
             data_dir,
@@ -266,4 +285,26 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn help_texts_read_as_text() {
+        // Doc comments clap shows: no rustdoc links or crate paths.
+        let mut root = Cli::command();
+        let mut pages = vec![root.render_long_help().to_string()];
+        for sub in root.get_subcommands_mut() {
+            pages.push(sub.render_long_help().to_string());
+        }
+        assert!(pages.len() > 8, "{}", pages.len());
+        for page in pages {
+            for code in ["crate::", "[`", "`]", "module docs"] {
+                assert!(!page.contains(code), "{code:?} in:\n{page}");
+            }
+        }
+    }
 }

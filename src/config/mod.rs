@@ -70,11 +70,11 @@ pub struct Config {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum Transport {
-    /// Kafka: a consumer group on `kafka.input-topic` (`crate::transport::kafka`).
+    /// Kafka: a consumer group on `kafka.input-topic` (section `[kafka]`).
     #[default]
     Kafka,
     /// NATS JetStream: durable pull consumers on `nats.input-stream`, static partition
-    /// assignment (`crate::transport::nats`).
+    /// assignment (section `[nats]`).
     Nats,
 }
 
