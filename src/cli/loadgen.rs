@@ -20,7 +20,8 @@
 //!
 //! `noisy` is a fixed plan: `--rate`, `--tenants`, `--sessions` and `--burst-machines` do not
 //! apply; `--duration` is its window (10 s in `benches/tiers.rs`) and `--seed` its seed. Its
-//! sessions are counted under `tenants` in the summary.
+//! target rate is its own (11 000 uploads over the window: 367/s for 30 s), and the summary
+//! says so; its sessions have their own `noisy` row.
 //!
 //! # Run id
 //!
@@ -405,18 +406,21 @@ pub struct LoadgenReport {
     pub produced: u64,
     /// Uploads whose delivery failed.
     pub failed: u64,
-    /// Sessions started, per pure scenario in [`SCENARIOS`] order.
-    pub sessions: [u64; 4],
-    /// Uploads acknowledged, per pure scenario in [`SCENARIOS`] order.
-    pub uploads: [u64; 4],
+    /// Sessions started, per scenario in [`REPORTED`] order.
+    pub sessions: [u64; 5],
+    /// Uploads acknowledged, per scenario in [`REPORTED`] order.
+    pub uploads: [u64; 5],
     /// Wall time from the first send to the last delivery report (ms).
     pub elapsed_ms: u64,
     /// Length of the window in which sessions started (`--duration`, ms).
     pub window_ms: u64,
     /// How long the started sessions' uploads were planned to go on after the window (ms).
     pub tail_ms: u64,
-    /// The rate asked for (uploads/s).
+    /// The rate aimed at (uploads/s): `--rate`, or for `noisy` the plan's own (its uploads
+    /// over the window; `fixed_plan`).
     pub target_rate: f64,
+    /// The run was `noisy`'s fixed plan of this many uploads (`--rate` did not apply).
+    pub fixed_plan: Option<u64>,
     /// Deliveries that came later than 1 s after their planned time (the producer fell behind).
     pub late: u64,
     /// Where the trace went, if anywhere.
@@ -424,6 +428,18 @@ pub struct LoadgenReport {
     /// The run id every session name starts with (module docs "Run id").
     pub run_id: String,
 }
+
+/// The rows of the summary: the four pure scenarios ([`SCENARIOS`]), then `noisy`.
+pub const REPORTED: [Scenario; 5] = [
+    Scenario::Burst,
+    Scenario::Split,
+    Scenario::Trickle,
+    Scenario::Tenants,
+    Scenario::Noisy,
+];
+
+/// Index of `noisy` in [`REPORTED`].
+const NOISY_ROW: usize = 4;
 
 impl LoadgenReport {
     /// The rate achieved (uploads/s): acknowledged uploads over the window, stretched by how
@@ -439,13 +455,19 @@ impl LoadgenReport {
 impl fmt::Display for LoadgenReport {
     /// The summary printed at the end of `settle loadgen`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let target = match self.fixed_plan {
+            Some(n) => format!(
+                "target {:.0}: noisy is a fixed plan of {n} uploads within --duration, --rate does not apply",
+                self.target_rate
+            ),
+            None => format!("target {:.0}", self.target_rate),
+        };
         writeln!(
             f,
-            "produced {} uploads: {:.0} uploads/s during the {:.1} s window (target {:.0}), all sessions done after {:.1} s{}",
+            "produced {} uploads: {:.0} uploads/s during the {:.1} s window ({target}), all sessions done after {:.1} s{}",
             self.produced,
             self.rate(),
             self.window_ms as f64 / 1000.0,
-            self.target_rate,
             self.elapsed_ms as f64 / 1000.0,
             if self.failed > 0 {
                 format!(", {} FAILED", self.failed)
@@ -453,11 +475,23 @@ impl fmt::Display for LoadgenReport {
                 String::new()
             }
         )?;
-        for (i, s) in SCENARIOS.iter().enumerate() {
+        for (i, s) in REPORTED.iter().enumerate() {
             if self.sessions[i] > 0 {
+                let of_whom = if i == NOISY_ROW {
+                    let p = super::noisy::NoisyParams::default();
+                    format!(
+                        " ({} of {}, {} of {})",
+                        p.normal_sessions,
+                        super::noisy::NORMAL_TENANT,
+                        p.noisy_sessions,
+                        super::noisy::NOISY_TENANT
+                    )
+                } else {
+                    String::new()
+                };
                 writeln!(
                     f,
-                    "  {:<8} {:>7} sessions {:>9} uploads",
+                    "  {:<8} {:>7} sessions {:>9} uploads{of_whom}",
                     format!("{s:?}").to_lowercase(),
                     self.sessions[i],
                     self.uploads[i]
@@ -563,15 +597,18 @@ pub async fn run_async(args: &LoadgenArgs) -> anyhow::Result<LoadgenReport> {
             session_prefix: format!("{run_id}-"),
             ..super::noisy::NoisyParams::default()
         };
-        report.sessions[3] = u64::from(params.normal_sessions + params.noisy_sessions);
-        for upload in super::noisy::plan(&params, true) {
+        report.sessions[NOISY_ROW] = u64::from(params.normal_sessions + params.noisy_sessions);
+        let uploads = super::noisy::plan(&params, true);
+        report.fixed_plan = Some(uploads.len() as u64);
+        report.target_rate = uploads.len() as f64 / args.duration.as_secs_f64().max(0.001);
+        for upload in uploads {
             seq += 1;
             let at = start + Duration::from_millis(upload.at_ms);
             last_planned = last_planned.max(at);
             due.push(Due {
                 at,
                 seq,
-                scenario: 3,
+                scenario: NOISY_ROW,
                 upload,
             });
         }
@@ -763,5 +800,23 @@ mod tests {
             "{:?}",
             plan[0]
         );
+    }
+
+    #[test]
+    fn a_noisy_summary_says_its_plan_and_tenants() {
+        let mut report = LoadgenReport {
+            produced: 11_000,
+            window_ms: 30_000,
+            target_rate: 11_000.0 / 30.0,
+            fixed_plan: Some(11_000),
+            run_id: "7-abc".to_owned(),
+            ..LoadgenReport::default()
+        };
+        report.sessions[NOISY_ROW] = 1_100;
+        report.uploads[NOISY_ROW] = 11_000;
+        let text = report.to_string();
+        assert!(text.contains("367 uploads/s during the 30.0 s window (target 367: noisy is a fixed plan of 11000 uploads"), "{text}");
+        assert!(text.contains("  noisy       1100 sessions     11000 uploads (100 of normal-co, 1000 of noisy-co)"), "{text}");
+        assert!(!text.contains("tenants"), "{text}");
     }
 }
