@@ -569,9 +569,7 @@ pub async fn run_async(args: &LoadgenArgs) -> anyhow::Result<LoadgenReport> {
     };
     let mut trace: Vec<(i64, i32, i64, String)> = Vec::new();
     let run_id = args.run_id(SystemTime::now());
-    eprintln!(
-        "loadgen run {run_id}: sessions are named {run_id}-<scenario>-<n> (--run-id sets it)"
-    );
+    eprintln!("loadgen run {run_id}: every session name starts with {run_id}- (--run-id sets it)");
     let mut plan = SessionPlan::new(args, &run_id);
     let planned_total = (args.rate * args.duration.as_secs_f64()) as u64;
     let bar = progress_bar(!args.no_progress, planned_total);
