@@ -41,8 +41,8 @@ enum Command {
     /// Produce realistic upload traffic to a Kafka topic, or with --nats to JetStream subjects
     /// (the demo's scenarios), for trying settle, tests and benchmarks.
     Loadgen(cli::loadgen::LoadgenArgs),
-    /// Print the records of Kafka topics as JSON lines (ready records, tier changes, dead
-    /// letters); no consumer group is joined.
+    /// Print the records of Kafka topics (or, with --nats, NATS JetStream subjects) as JSON
+    /// lines (ready records, tier changes, dead letters); no consumer group is joined.
     Consume(cli::consume::ConsumeArgs),
     /// Run the real runtime on RocksDB with an in-memory broker through the seed's scenarios
     /// (700-way bursts, split uploads, slow trickles, many tenants); about 20 s.

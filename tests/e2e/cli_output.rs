@@ -1,11 +1,14 @@
 //! The command line as a shell user meets it: `settle inspect --session` prints only the
 //! session and fails when it is nowhere, and every tool that prints ends quietly with status
 //! 0 when the reader of its standard output has gone (`settle inspect | head`), instead of
-//! `error: Broken pipe (os error 32)`; `settle run` ends its log with `settle run stopped`.
-//! Real `settle` child processes, no broker.
+//! `error: Broken pipe (os error 32)`; `settle run` ends its log with `settle run stopped`;
+//! `settle consume --nats` prints what was published on a subject. Real `settle` child
+//! processes; only the last needs a broker (NATS, `SETTLE_TEST_NATS`).
 
+use crate::nats_support::{server, Setup};
 use crate::process_support::{json_log, sigterm, start_run_logged};
 use anyhow::{ensure, Context as _, Result};
+use settle::transport::nats::{Storage, KEY_HEADER};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -193,5 +196,92 @@ fn a_graceful_stop_logs_stopped_last() -> Result<()> {
         last.message,
         last.fields
     );
+    Ok(())
+}
+
+/// Runs `c` to its end within 60 s (killed and failed after that): its stdout.
+fn stdout_within_a_minute(c: &mut Command) -> Result<String> {
+    let mut child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+    let started = Instant::now();
+    while child.try_wait()?.is_none() {
+        if started.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            anyhow::bail!("still running after 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output()?;
+    ensure!(
+        out.status.success(),
+        "{:?}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+#[test]
+fn consume_nats_prints_what_was_published() -> Result<()> {
+    let Some(addr) = server("consume_nats_prints_what_was_published") else {
+        return Ok(());
+    };
+    let rt = tokio::runtime::Runtime::new()?;
+    let setup = rt.block_on(Setup::new(&addr, "consume", Storage::Memory, 1))?;
+    let subject = setup.tier_subject("normal").to_owned();
+    let published: Vec<(String, String)> = (0..3)
+        .map(|i| {
+            let value =
+                format!(r#"{{"tenant":"acme","session":"s{i}","emission_id":"acme/s{i}/1"}}"#);
+            (format!("acme/s{i}"), value)
+        })
+        .collect();
+    let mut sequences = Vec::new();
+    for (key, value) in &published {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(KEY_HEADER, key.as_str());
+        let ack = rt.block_on(async {
+            setup
+                .js
+                .publish_with_headers(subject.clone(), headers, value.clone().into())
+                .await?
+                .await
+        })?;
+        sequences.push(ack.sequence);
+    }
+    let consume = |meta: bool| {
+        let mut c = settle();
+        c.args(["consume", "--nats", &setup.nats.servers, "-t", &subject])
+            .args(["--from-beginning", "--exit-at-end"]);
+        if meta {
+            c.arg("--with-meta");
+        }
+        stdout_within_a_minute(&mut c)
+    };
+    let plain: Vec<serde_json::Value> = consume(false)?
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    let want: Vec<serde_json::Value> = published
+        .iter()
+        .map(|(_, v)| serde_json::from_str(v))
+        .collect::<Result<_, _>>()?;
+    ensure!(plain == want, "{plain:?}");
+    let meta: Vec<serde_json::Value> = consume(true)?
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    ensure!(meta.len() == 3, "{meta:?}");
+    for (i, m) in meta.iter().enumerate() {
+        ensure!(
+            m["topic"] == subject.as_str()
+                && m["offset"] == sequences[i]
+                && m["key"] == published[i].0.as_str()
+                && m["headers"][KEY_HEADER] == published[i].0.as_str()
+                && m["timestamp"].as_i64().is_some_and(|t| t > 0)
+                && m["value"] == want[i],
+            "{m}"
+        );
+    }
+    rt.block_on(setup.cleanup());
     Ok(())
 }
