@@ -54,6 +54,7 @@ fn main() -> anyhow::Result<()> {
             noisy_sessions: 100,
             window_ms: 1_000,
             seed,
+            ..NoisyParams::default()
         }
     };
     // The operator's choice: twice the normal tenant's average emissions per period pass.

@@ -74,7 +74,7 @@ cmd_install() {
         fi
         warn "the other install finished without a tansu binary; installing here"
     fi
-    log "installing tansu $TANSU_VERSION from crates.io (compiles ~400 crates: 10 minutes or more on 2 cores, far longer on a busy machine)"
+    log "installing tansu $TANSU_VERSION from crates.io (compiles ~400 crates: 34 minutes measured on a fresh 2-core machine, longer on a busy one)"
     t0=$(date +%s)
     # A broker for tests needs no LTO, no debug info and no single codegen unit: these
     # profile overrides (cargo config, which wins over the crate's own [profile.release])

@@ -3,6 +3,7 @@
 
 use clap::{Parser, Subcommand, ValueEnum};
 use settle::cli;
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -40,8 +41,8 @@ enum Command {
     /// Produce realistic upload traffic to a Kafka topic, or with --nats to JetStream subjects
     /// (the demo's scenarios), for trying settle, tests and benchmarks.
     Loadgen(cli::loadgen::LoadgenArgs),
-    /// Print the records of Kafka topics as JSON lines (ready records, tier changes, dead
-    /// letters); no consumer group is joined.
+    /// Print the records of Kafka topics (or, with --nats, NATS JetStream subjects) as JSON
+    /// lines (ready records, tier changes, dead letters); no consumer group is joined.
     Consume(cli::consume::ConsumeArgs),
     /// Run the real runtime on RocksDB with an in-memory broker through the seed's scenarios
     /// (700-way bursts, split uploads, slow trickles, many tenants); about 20 s.
@@ -70,7 +71,8 @@ enum Command {
         /// Only this partition.
         #[arg(long)]
         partition: Option<i32>,
-        /// Show one session's state (CallTrack, open round, next due): tenant/session.
+        /// Show only this session's state (CallTrack, open round, next due) and the store it
+        /// lives in: tenant/session; exits 1 when no store read holds it.
         #[arg(long)]
         session: Option<String>,
         /// How many upcoming timers to list per partition.
@@ -174,11 +176,29 @@ fn main() -> ExitCode {
     init_logging(cli.log_format, default_level);
     match run(cli.command) {
         Ok(code) => code,
+        // The reader of standard output went away (`settle inspect | head`): what it wanted
+        // is printed, so end quietly with status 0, as the tool would have at its end.
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// True when `e` (or any error it wraps) is an `EPIPE` write: standard output's reader closed.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// Writes a tool's summary and a newline to standard output (an error, not a panic as with
+/// `println!`, when its reader is gone).
+fn print_summary(summary: &impl std::fmt::Display) -> std::io::Result<()> {
+    writeln!(std::io::stdout().lock(), "{summary}")
 }
 
 fn run(command: Command) -> anyhow::Result<ExitCode> {
@@ -190,7 +210,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Loadgen(args) => {
             let report = cli::loadgen::run(&args)?;
-            println!("{report}");
+            print_summary(&report)?;
             if report.failed > 0 {
                 return Ok(ExitCode::FAILURE);
             }
@@ -207,7 +227,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                 seed,
                 progress: !no_progress,
             })?;
-            println!("{report}");
+            print_summary(&report)?;
         }
         Command::Inspect {
             data_dir,
@@ -265,4 +285,26 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn help_texts_read_as_text() {
+        // Doc comments clap shows: no rustdoc links or crate paths.
+        let mut root = Cli::command();
+        let mut pages = vec![root.render_long_help().to_string()];
+        for sub in root.get_subcommands_mut() {
+            pages.push(sub.render_long_help().to_string());
+        }
+        assert!(pages.len() > 8, "{}", pages.len());
+        for page in pages {
+            for code in ["crate::", "[`", "`]", "module docs"] {
+                assert!(!page.contains(code), "{code:?} in:\n{page}");
+            }
+        }
+    }
 }

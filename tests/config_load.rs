@@ -218,6 +218,46 @@ fn bad_env_values_name_the_key_and_the_variable() {
 }
 
 #[test]
+fn range_errors_name_the_file_in_the_users_units() {
+    jailed(|jail| {
+        jail.create_file(
+            "bad.toml",
+            "[debounce]\nmin-delay = \"20m\"\nmax-delay = \"10m\"\n",
+        )
+        .map_err(|e| e.to_string())?;
+        let e = Config::load(Some(Path::new("bad.toml"))).unwrap_err();
+        assert!(matches!(e, ConfigError::Invalid { .. }), "{e:?}");
+        let text = e.to_string();
+        assert!(
+            text.starts_with("debounce.max-delay: must be at least min-delay: max-delay is 10m, min-delay 20m (from file ")
+                && text.ends_with("bad.toml)"),
+            "{text}"
+        );
+        // A key the file does not set: the section it inherits from names the file.
+        jail.create_file(
+            "tenant.toml",
+            "[debounce.tenants.acme]\nmin-delay = \"20m\"\n",
+        )
+        .map_err(|e| e.to_string())?;
+        let e = Config::load(Some(Path::new("tenant.toml"))).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.starts_with("debounce.tenants.acme.max-delay:") && text.ends_with("tenant.toml)"),
+            "{text}"
+        );
+        // From the environment: the variable.
+        jail.set_env("SETTLE_DEBOUNCE__MAX_DELAY", "1s");
+        let e = Config::load(None).unwrap_err();
+        assert!(
+            e.to_string()
+                .ends_with("(from environment variable SETTLE_DEBOUNCE__MAX_DELAY)"),
+            "{e}"
+        );
+        Ok(())
+    });
+}
+
+#[test]
 fn file_errors_name_the_file() {
     jailed(|jail| {
         let e = Config::load(Some(Path::new("missing.toml"))).unwrap_err();

@@ -274,6 +274,12 @@ pub async fn run_async(args: DemoArgs) -> anyhow::Result<DemoReport> {
     })
 }
 
+/// The line under the demo's table saying what its columns are.
+const LEGEND: &str =
+    "sessions: started · 1/session: sessions emitted exactly once (0 for trickle: \
+its first gap, 2-3 s, outlasts the 500 ms first delay) · ratio: uploads per emission · \
+ttr: time-to-ready, emitted - last upload · late: emitted - due";
+
 impl fmt::Display for DemoReport {
     /// The table printed at the end of `settle demo`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -306,6 +312,7 @@ impl fmt::Display for DemoReport {
                 human_ms(s.stats.lateness().p99),
             )?;
         }
+        writeln!(f, "{LEGEND}")?;
         write!(
             f,
             "policy adaptive (min-delay 500ms, max-delay 6s) · {} partitions on RocksDB at {} · {}",

@@ -1,7 +1,8 @@
 //! `settle inspect`: reads partition stores offline (read-only; safe next to a running
 //! processor, which it does not lock) and prints, per partition, the stored next offset,
-//! partition time, sessions, pending rounds, outbox size and the next due times; for one
-//! session, its state (generation, CallTrack, open round) and its next due time; the
+//! partition time, sessions, pending rounds, outbox size and the next due times; with
+//! `--session`, only that session: the store it lives in, its state (generation, CallTrack,
+//! open round) and its next due time, or an error when no store read holds it; the
 //! tenants' learned initial delays (`engine::learn`: the statistic, what it is made of, the
 //! delay the policy in force takes from it). Then the
 //! processor's tier state (SEMANTICS §5) from `<data-dir>/tiers.json`, which the running
@@ -28,7 +29,8 @@ pub struct InspectArgs {
     pub topic: Option<String>,
     /// `--partition`: only this partition.
     pub partition: Option<i32>,
-    /// `--session tenant/session`: print this session's state (from every store that has it).
+    /// `--session tenant/session`: print only this session's state and where it lives (every
+    /// store that has it), nothing else; not found in any store read is an error.
     pub session: Option<String>,
     /// `--timers N`: how many next due times to list per partition (default 5).
     pub timers: usize,
@@ -212,12 +214,13 @@ pub fn describe_learned(stats: &TenantStats, spec: &PolicySpec) -> String {
     )
 }
 
-/// Prints the stores (and the session, if asked), then the tier state of `tiers.json` if
-/// there is one, to `out`. Returns how many stores were read.
+/// Prints the stores, then the tier state of `tiers.json` if there is one, to `out`; with
+/// `args.session`, only that session (see [`run_session`]). Returns how many stores were read.
 ///
 /// Errors: neither a matching store nor `tiers.json` exists, a store cannot be read, the
-/// session key is not `tenant/session`, the config cannot be loaded, or writing to `out`
-/// fails. An unreadable `tiers.json` is reported in the output, not as an error.
+/// session key is not `tenant/session`, the session is in no store read, the config cannot
+/// be loaded, or writing to `out` fails. An unreadable `tiers.json` is reported in the
+/// output, not as an error.
 pub fn run(args: InspectArgs, out: &mut impl Write) -> anyhow::Result<usize> {
     let stores = find_stores(&args)?;
     let tiers = read_snapshot(&args.data_dir);
@@ -227,15 +230,13 @@ pub fn run(args: InspectArgs, out: &mut impl Write) -> anyhow::Result<usize> {
             args.data_dir.display()
         );
     }
-    let key = match &args.session {
-        Some(k) => Some(
-            SessionKey::parse(k)
-                .with_context(|| format!("--session {k:?} is not tenant/session"))?,
-        ),
-        None => None,
-    };
     let engine = Engine::new(Config::load(args.config.as_deref())?.policy_table());
-    let mut found = false;
+    if let Some(k) = &args.session {
+        let key = SessionKey::parse(k)
+            .with_context(|| format!("--session {k:?} is not tenant/session"))?;
+        run_session(&args, &key, &stores, &engine, out)?;
+        return Ok(stores.len());
+    }
     let mut tenant_found = false;
     for (topic, partition, path) in &stores {
         let info = partition_info(topic, *partition, path, args.timers, args.tenants)?;
@@ -264,23 +265,6 @@ pub fn run(args: InspectArgs, out: &mut impl Write) -> anyhow::Result<usize> {
                 writeln!(out, "    intervals (ms)  {}", intervals.join(" "))?;
             }
         }
-        if let Some(key) = &key {
-            let store = open(path)?;
-            if let Some(state) = store.session(key)? {
-                found = true;
-                let session = SessionInfo {
-                    partition: *partition,
-                    next_due: engine.next_due(key, &state),
-                    state,
-                };
-                print_session(key, &session, out)?;
-            }
-        }
-    }
-    if let Some(key) = &key {
-        if !found {
-            writeln!(out, "session {key}: no state in any store read")?;
-        }
     }
     if let Some(name) = &args.tenant {
         if !tenant_found {
@@ -296,6 +280,47 @@ pub fn run(args: InspectArgs, out: &mut impl Write) -> anyhow::Result<usize> {
         Err(e) => writeln!(out, "tiers: {e:#}")?,
     }
     Ok(stores.len())
+}
+
+/// `settle inspect --session`: prints `key`'s state from every store of `stores` that holds
+/// it, each headed by the store (topic, partition, directory), and nothing else.
+///
+/// Errors: a store cannot be read, writing to `out` fails, or no store holds the session
+/// (the message names the stores read).
+fn run_session(
+    args: &InspectArgs,
+    key: &SessionKey,
+    stores: &[(String, i32, PathBuf)],
+    engine: &Engine,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let mut found = false;
+    for (topic, partition, path) in stores {
+        if let Some(state) = open(path)?.session(key)? {
+            found = true;
+            writeln!(out, "{topic}/{partition}  ({})", path.display())?;
+            let session = SessionInfo {
+                partition: *partition,
+                next_due: engine.next_due(key, &state),
+                state,
+            };
+            print_session(key, &session, out)?;
+        }
+    }
+    if !found {
+        let read: Vec<String> = stores.iter().map(|(t, p, _)| format!("{t}/{p}")).collect();
+        anyhow::bail!(
+            "session {key}: no state in any store read under {} ({}); the session may have \
+             expired (state-ttl), live on another instance, or be spelled differently",
+            args.data_dir.display(),
+            if read.is_empty() {
+                "no partition store".to_owned()
+            } else {
+                read.join(", ")
+            }
+        );
+    }
+    Ok(())
 }
 
 /// Most recent tier changes printed (the file keeps more).

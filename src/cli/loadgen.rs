@@ -20,7 +20,18 @@
 //!
 //! `noisy` is a fixed plan: `--rate`, `--tenants`, `--sessions` and `--burst-machines` do not
 //! apply; `--duration` is its window (10 s in `benches/tiers.rs`) and `--seed` its seed. Its
-//! sessions are counted under `tenants` in the summary.
+//! target rate is its own (11 000 uploads over the window: 367/s for 30 s), and the summary
+//! says so; its sessions have their own `noisy` row.
+//!
+//! # Run id
+//!
+//! Every session name starts with the run id, `<run-id>-<scenario>-<n>` (`7-692d7f41-split-10`;
+//! noisy: `<run-id>-run-0042`), so a second run against the same settle opens new sessions
+//! instead of joining the first run's (whose rounds would then span the gap between the runs,
+//! and whose event ids the second run repeats: an upload whose `event_id` equals the
+//! session's last applied one is ignored, SEMANTICS §2). The run id is `<seed>-<start time,
+//! unix seconds in hex>` and is printed at start and in the summary; `--run-id ID` sets it,
+//! so the same `--run-id` and `--seed` give the same uploads (a reproducible run).
 //!
 //! # Rate
 //!
@@ -75,7 +86,7 @@ use std::collections::BinaryHeap;
 use std::fmt;
 use std::io::Write;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 // ---------------------------------------------------------------------------------------------
 // The load generator
@@ -120,6 +131,10 @@ pub struct LoadgenArgs {
     /// Seed of the schedule's randomness (same seed, same schedule).
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
+    /// Prefix of every session name (letters, digits, '.', '_', '-'); default
+    /// "SEED-STARTTIME" (unix seconds in hex), so two runs never share a session.
+    #[arg(long, value_name = "ID", value_parser = parse_run_id)]
+    pub run_id: Option<String>,
     /// Write every delivered upload as a trace line (upload + "ts", "partition", "offset").
     #[arg(long, value_name = "FILE")]
     pub trace_out: Option<PathBuf>,
@@ -189,6 +204,66 @@ impl LoadgenArgs {
             burst_machines: self.burst_machines.max(1),
             ..Shape::default()
         }
+    }
+
+    /// The run id of a run started at `start` (module docs "Run id"): `--run-id`, or
+    /// `<seed>-<unix seconds in hex>`.
+    pub fn run_id(&self, start: SystemTime) -> String {
+        self.run_id.clone().unwrap_or_else(|| {
+            let secs = start.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+            format!("{}-{secs:x}", self.seed)
+        })
+    }
+}
+
+/// Parses `--run-id`: 1 to 64 of `A-Z a-z 0-9 . _ -` (it goes into session names and keys).
+///
+/// Errors: empty, too long, or another character.
+pub fn parse_run_id(text: &str) -> Result<String, String> {
+    let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    if text.is_empty() || text.len() > 64 || !text.chars().all(ok) {
+        return Err(format!(
+            "expected 1 to 64 letters, digits, '.', '_' or '-', got {text:?}"
+        ));
+    }
+    Ok(text.to_owned())
+}
+
+/// The sessions of a `settle loadgen` run (not `noisy`), in start order: the scenario drawn
+/// from the seed, tenants round-robin, names `<run-id>-<scenario>-<n>` (module docs).
+pub struct SessionPlan {
+    rng: StdRng,
+    shape: Shape,
+    scenario: Scenario,
+    tenants: u64,
+    run_id: String,
+    started: u64,
+}
+
+impl SessionPlan {
+    /// The plan of `args` for the run `run_id` ([`LoadgenArgs::run_id`]).
+    pub fn new(args: &LoadgenArgs, run_id: &str) -> SessionPlan {
+        SessionPlan {
+            rng: StdRng::seed_from_u64(args.seed),
+            shape: args.shape(),
+            scenario: args.scenario,
+            tenants: u64::from(args.tenants.max(1)),
+            run_id: run_id.to_owned(),
+            started: 0,
+        }
+    }
+
+    /// The next session: the index of its pure scenario in [`SCENARIOS`], and its uploads
+    /// (times relative to its start, ms).
+    pub fn next_session(&mut self) -> (usize, Vec<PlannedUpload>) {
+        let scenario = self.scenario.pick(&mut self.rng, &self.shape);
+        let index = SCENARIOS.iter().position(|s| *s == scenario).unwrap_or(3);
+        let tenant = format!("tenant-{:04}", self.started % self.tenants);
+        let name = format!("{scenario:?}").to_lowercase();
+        let session = format!("{}-{name}-{}", self.run_id, self.started);
+        self.started += 1;
+        let uploads = scenario.session(&mut self.rng, &tenant, &session, &self.shape);
+        (index, uploads)
     }
 }
 
@@ -331,23 +406,40 @@ pub struct LoadgenReport {
     pub produced: u64,
     /// Uploads whose delivery failed.
     pub failed: u64,
-    /// Sessions started, per pure scenario in [`SCENARIOS`] order.
-    pub sessions: [u64; 4],
-    /// Uploads acknowledged, per pure scenario in [`SCENARIOS`] order.
-    pub uploads: [u64; 4],
+    /// Sessions started, per scenario in [`REPORTED`] order.
+    pub sessions: [u64; 5],
+    /// Uploads acknowledged, per scenario in [`REPORTED`] order.
+    pub uploads: [u64; 5],
     /// Wall time from the first send to the last delivery report (ms).
     pub elapsed_ms: u64,
     /// Length of the window in which sessions started (`--duration`, ms).
     pub window_ms: u64,
     /// How long the started sessions' uploads were planned to go on after the window (ms).
     pub tail_ms: u64,
-    /// The rate asked for (uploads/s).
+    /// The rate aimed at (uploads/s): `--rate`, or for `noisy` the plan's own (its uploads
+    /// over the window; `fixed_plan`).
     pub target_rate: f64,
+    /// The run was `noisy`'s fixed plan of this many uploads (`--rate` did not apply).
+    pub fixed_plan: Option<u64>,
     /// Deliveries that came later than 1 s after their planned time (the producer fell behind).
     pub late: u64,
     /// Where the trace went, if anywhere.
     pub trace: Option<PathBuf>,
+    /// The run id every session name starts with (module docs "Run id").
+    pub run_id: String,
 }
+
+/// The rows of the summary: the four pure scenarios ([`SCENARIOS`]), then `noisy`.
+pub const REPORTED: [Scenario; 5] = [
+    Scenario::Burst,
+    Scenario::Split,
+    Scenario::Trickle,
+    Scenario::Tenants,
+    Scenario::Noisy,
+];
+
+/// Index of `noisy` in [`REPORTED`].
+const NOISY_ROW: usize = 4;
 
 impl LoadgenReport {
     /// The rate achieved (uploads/s): acknowledged uploads over the window, stretched by how
@@ -363,13 +455,19 @@ impl LoadgenReport {
 impl fmt::Display for LoadgenReport {
     /// The summary printed at the end of `settle loadgen`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let target = match self.fixed_plan {
+            Some(n) => format!(
+                "target {:.0}: noisy is a fixed plan of {n} uploads within --duration, --rate does not apply",
+                self.target_rate
+            ),
+            None => format!("target {:.0}", self.target_rate),
+        };
         writeln!(
             f,
-            "produced {} uploads: {:.0} uploads/s during the {:.1} s window (target {:.0}), all sessions done after {:.1} s{}",
+            "produced {} uploads: {:.0} uploads/s during the {:.1} s window ({target}), all sessions done after {:.1} s{}",
             self.produced,
             self.rate(),
             self.window_ms as f64 / 1000.0,
-            self.target_rate,
             self.elapsed_ms as f64 / 1000.0,
             if self.failed > 0 {
                 format!(", {} FAILED", self.failed)
@@ -377,11 +475,23 @@ impl fmt::Display for LoadgenReport {
                 String::new()
             }
         )?;
-        for (i, s) in SCENARIOS.iter().enumerate() {
+        for (i, s) in REPORTED.iter().enumerate() {
             if self.sessions[i] > 0 {
+                let of_whom = if i == NOISY_ROW {
+                    let p = super::noisy::NoisyParams::default();
+                    format!(
+                        " ({} of {}, {} of {})",
+                        p.normal_sessions,
+                        super::noisy::NORMAL_TENANT,
+                        p.noisy_sessions,
+                        super::noisy::NOISY_TENANT
+                    )
+                } else {
+                    String::new()
+                };
                 writeln!(
                     f,
-                    "  {:<8} {:>7} sessions {:>9} uploads",
+                    "  {:<8} {:>7} sessions {:>9} uploads{of_whom}",
                     format!("{s:?}").to_lowercase(),
                     self.sessions[i],
                     self.uploads[i]
@@ -395,6 +505,7 @@ impl fmt::Display for LoadgenReport {
                 self.late
             )?;
         }
+        writeln!(f, "  run id {} (session names start with it)", self.run_id)?;
         match &self.trace {
             Some(path) => write!(f, "trace: {}", path.display()),
             None => write!(f, "trace: not written (--trace-out FILE)"),
@@ -457,13 +568,15 @@ pub async fn run_async(args: &LoadgenArgs) -> anyhow::Result<LoadgenReport> {
         None => None,
     };
     let mut trace: Vec<(i64, i32, i64, String)> = Vec::new();
-    let shape = args.shape();
-    let mut rng = StdRng::seed_from_u64(args.seed);
+    let run_id = args.run_id(SystemTime::now());
+    eprintln!("loadgen run {run_id}: every session name starts with {run_id}- (--run-id sets it)");
+    let mut plan = SessionPlan::new(args, &run_id);
     let planned_total = (args.rate * args.duration.as_secs_f64()) as u64;
     let bar = progress_bar(!args.no_progress, planned_total);
     let mut report = LoadgenReport {
         target_rate: args.rate,
         trace: args.trace_out.clone(),
+        run_id: run_id.clone(),
         ..LoadgenReport::default()
     };
 
@@ -479,17 +592,21 @@ pub async fn run_async(args: &LoadgenArgs) -> anyhow::Result<LoadgenReport> {
         let params = super::noisy::NoisyParams {
             window_ms: args.duration.as_millis() as u64,
             seed: args.seed,
+            session_prefix: format!("{run_id}-"),
             ..super::noisy::NoisyParams::default()
         };
-        report.sessions[3] = u64::from(params.normal_sessions + params.noisy_sessions);
-        for upload in super::noisy::plan(&params, true) {
+        report.sessions[NOISY_ROW] = u64::from(params.normal_sessions + params.noisy_sessions);
+        let uploads = super::noisy::plan(&params, true);
+        report.fixed_plan = Some(uploads.len() as u64);
+        report.target_rate = uploads.len() as f64 / args.duration.as_secs_f64().max(0.001);
+        for upload in uploads {
             seq += 1;
             let at = start + Duration::from_millis(upload.at_ms);
             last_planned = last_planned.max(at);
             due.push(Due {
                 at,
                 seq,
-                scenario: 3,
+                scenario: NOISY_ROW,
                 upload,
             });
         }
@@ -511,11 +628,7 @@ pub async fn run_async(args: &LoadgenArgs) -> anyhow::Result<LoadgenReport> {
             && next_session < stop_at
             && args.sessions.is_none_or(|n| started < n)
         {
-            let scenario = args.scenario.pick(&mut rng, &shape);
-            let index = SCENARIOS.iter().position(|s| *s == scenario).unwrap_or(3);
-            let tenant = format!("tenant-{:04}", started % u64::from(args.tenants.max(1)));
-            let session = format!("{}-{started}", format!("{scenario:?}").to_lowercase());
-            let uploads = scenario.session(&mut rng, &tenant, &session, &shape);
+            let (index, uploads) = plan.next_session();
             next_session += Duration::from_secs_f64(uploads.len() as f64 / args.rate);
             for upload in uploads {
                 seq += 1;
@@ -601,4 +714,107 @@ pub async fn run_async(args: &LoadgenArgs) -> anyhow::Result<LoadgenReport> {
 fn trace_line(json: &str, ts: i64, p: i32, o: i64) -> String {
     let body = json.strip_suffix('}').unwrap_or(json);
     format!(r#"{body},"ts":{ts},"partition":{p},"offset":{o}}}"#)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use std::collections::BTreeSet;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: LoadgenArgs,
+    }
+
+    fn args(extra: &[&str]) -> LoadgenArgs {
+        Cli::parse_from(["loadgen"].iter().chain(extra)).args
+    }
+
+    /// The session keys of the first `n` sessions of a plan started at `start`.
+    fn keys(args: &LoadgenArgs, start: SystemTime, n: usize) -> Vec<String> {
+        let mut plan = SessionPlan::new(args, &args.run_id(start));
+        (0..n)
+            .flat_map(|_| plan.next_session().1)
+            .map(|u| u.key)
+            .collect()
+    }
+
+    #[test]
+    fn runs_with_different_seeds_share_no_session() {
+        let start = UNIX_EPOCH + Duration::from_secs(1_796_039_353);
+        let a: BTreeSet<String> = keys(&args(&["--seed", "7"]), start, 300)
+            .into_iter()
+            .collect();
+        let b: BTreeSet<String> = keys(&args(&["--seed", "8"]), start, 300)
+            .into_iter()
+            .collect();
+        assert!(a.len() >= 300 && b.len() >= 300, "{} {}", a.len(), b.len());
+        assert_eq!(
+            a.intersection(&b).count(),
+            0,
+            "{:?}",
+            a.intersection(&b).next()
+        );
+        // The same seed a second later: another run, other sessions.
+        let later = keys(&args(&["--seed", "7"]), start + Duration::from_secs(1), 300);
+        assert!(later.iter().all(|k| !a.contains(k)), "{:?}", later.first());
+        // The run id is in every name.
+        assert!(
+            a.iter().all(|k| k.contains("/7-6b0d62b9-")),
+            "{:?}",
+            a.first()
+        );
+    }
+
+    #[test]
+    fn a_run_id_makes_a_run_reproducible() {
+        let (t1, t2) = (UNIX_EPOCH, UNIX_EPOCH + Duration::from_secs(3_600));
+        let x = args(&["--run-id", "bench.1", "--seed", "3"]);
+        let plan = |args: &LoadgenArgs, start| {
+            let mut plan = SessionPlan::new(args, &args.run_id(start));
+            (0..50).map(|_| plan.next_session()).collect::<Vec<_>>()
+        };
+        assert_eq!(plan(&x, t1), plan(&x, t2));
+        assert!(plan(&x, t1)[0].1[0].key.starts_with("tenant-0000/bench.1-"));
+        let y = args(&["--run-id", "bench.2", "--seed", "3"]);
+        let ys: BTreeSet<String> = keys(&y, t1, 50).into_iter().collect();
+        assert!(keys(&x, t1, 50).iter().all(|k| !ys.contains(k)));
+        for bad in ["", "a/b", "x y", &"r".repeat(65)] {
+            assert!(parse_run_id(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn noisy_sessions_carry_the_run_id() {
+        let params = super::super::noisy::NoisyParams {
+            session_prefix: "7-abc-".to_owned(),
+            ..super::super::noisy::NoisyParams::default()
+        };
+        let plan = super::super::noisy::plan(&params, true);
+        assert!(
+            plan.iter().all(|u| u.key.contains("/7-abc-run-")),
+            "{:?}",
+            plan[0]
+        );
+    }
+
+    #[test]
+    fn a_noisy_summary_says_its_plan_and_tenants() {
+        let mut report = LoadgenReport {
+            produced: 11_000,
+            window_ms: 30_000,
+            target_rate: 11_000.0 / 30.0,
+            fixed_plan: Some(11_000),
+            run_id: "7-abc".to_owned(),
+            ..LoadgenReport::default()
+        };
+        report.sessions[NOISY_ROW] = 1_100;
+        report.uploads[NOISY_ROW] = 11_000;
+        let text = report.to_string();
+        assert!(text.contains("367 uploads/s during the 30.0 s window (target 367: noisy is a fixed plan of 11000 uploads"), "{text}");
+        assert!(text.contains("  noisy       1100 sessions     11000 uploads (100 of normal-co, 1000 of noisy-co)"), "{text}");
+        assert!(!text.contains("tenants"), "{text}");
+    }
 }

@@ -9,7 +9,7 @@
 //! | [`tune`] | `settle tune`: a policy sweep over a trace, Pareto marks, a recommendation, SVG/HTML report |
 //! | [`inspect`] | `settle inspect`: partition stores and `tiers.json` read offline |
 //! | [`loadgen`] | `settle loadgen`: upload traffic to Kafka or NATS |
-//! | [`consume`] | `settle consume`: topics printed as JSON lines |
+//! | [`consume`] | `settle consume`: Kafka topics or NATS JetStream subjects printed as JSON lines |
 //! | [`run_file`] | `settle run-file` (hidden): the runtime on a file-fed memory transport, for the shared benchmark and tests |
 //! | [`check_config`] | `settle check-config`: a config file validated and summarised |
 //! | [`scenario`] | helper: the traffic shapes of demo, loadgen and noisy |

@@ -50,16 +50,20 @@ pub struct NoisyParams {
     pub window_ms: u64,
     /// Seed of the schedule.
     pub seed: u64,
+    /// Prepended to every session name (`run-0042`): `settle loadgen`'s `<run-id>-`, so
+    /// two runs never share a session; empty here.
+    pub session_prefix: String,
 }
 
 impl Default for NoisyParams {
-    /// 100 normal and 1 000 noisy sessions within 10 s, seed 7.
+    /// 100 normal and 1 000 noisy sessions within 10 s, seed 7, no session prefix.
     fn default() -> Self {
         NoisyParams {
             normal_sessions: 100,
             noisy_sessions: 1_000,
             window_ms: 10_000,
             seed: 7,
+            session_prefix: String::new(),
         }
     }
 }
@@ -80,7 +84,7 @@ pub fn plan(params: &NoisyParams, with_noisy: bool) -> Vec<PlannedUpload> {
         let mut rng = StdRng::seed_from_u64(params.seed.wrapping_mul(2).wrapping_add(stream));
         for s in 0..sessions {
             let start = rng.random_range(0..params.window_ms.max(1));
-            let session = format!("run-{s:04}");
+            let session = format!("{}run-{s:04}", params.session_prefix);
             for u in Scenario::Tenants.session(&mut rng, tenant, &session, &shape) {
                 plan.push(PlannedUpload {
                     at_ms: start + u.at_ms,

@@ -2,7 +2,10 @@
 //! emissions, coalescing ratio, time-to-ready and lateness percentiles, emissions per trigger.
 //!
 //! Time-to-ready = `emitted_at − last_upload_at` (ms); lateness = `emitted_at − due_at` (ms),
-//! SEMANTICS §3. Percentiles come from an HDR histogram (3 significant digits).
+//! SEMANTICS §3. Percentiles come from an HDR histogram (3 significant digits: each is the
+//! middle of its bucket, within 0.05 % of a recorded value, and never outside the exact
+//! smallest and largest values recorded, so a run whose values are all 300 000 ms reports
+//! 300 000 ms); the maximum is exact. [`human_ms`] rounds to the unit it prints.
 
 use crate::engine::{Emission, Millis, Trigger};
 use hdrhistogram::Histogram;
@@ -24,8 +27,58 @@ pub struct RunStats {
     pub emissions: u64,
     /// Emissions per trigger.
     pub by_trigger: BTreeMap<Trigger, u64>,
-    time_to_ready: Histogram<u64>,
-    lateness: Histogram<u64>,
+    time_to_ready: Spread,
+    lateness: Spread,
+}
+
+/// A histogram of ms figures and the exact smallest and largest (module docs).
+#[derive(Clone, Debug)]
+struct Spread {
+    hist: Histogram<u64>,
+    min: u64,
+    max: u64,
+}
+
+impl Spread {
+    fn new() -> Spread {
+        Spread {
+            // Invariant: 3 significant figures is a valid precision, so `new` cannot fail.
+            hist: Histogram::new(3).expect("valid histogram precision"),
+            min: u64::MAX,
+            max: 0,
+        }
+    }
+
+    fn record(&mut self, ms: u64) {
+        // Auto-resizing histograms grow to any u64, so `record` cannot fail on range.
+        let _ = self.hist.record(ms);
+        self.min = self.min.min(ms);
+        self.max = self.max.max(ms);
+    }
+
+    fn add(&mut self, other: &Spread) {
+        // Both histograms auto-resize, so adding cannot fail on range; ignore the impossible.
+        let _ = self.hist.add(&other.hist);
+        self.min = self.min.min(other.min);
+        self.max = self.max.max(other.max);
+    }
+
+    fn percentiles(&self) -> Percentiles {
+        let h = &self.hist;
+        if h.is_empty() {
+            return Percentiles::default();
+        }
+        let q = |x: f64| {
+            h.median_equivalent(h.value_at_quantile(x))
+                .clamp(self.min, self.max)
+        };
+        Percentiles {
+            p50: q(0.50),
+            p90: q(0.90),
+            p99: q(0.99),
+            max: self.max,
+        }
+    }
 }
 
 impl Default for RunStats {
@@ -57,9 +110,8 @@ impl RunStats {
             rejected: 0,
             emissions: 0,
             by_trigger: BTreeMap::new(),
-            // Invariant: 3 significant figures is a valid precision, so `new` cannot fail.
-            time_to_ready: Histogram::new(3).expect("valid histogram precision"),
-            lateness: Histogram::new(3).expect("valid histogram precision"),
+            time_to_ready: Spread::new(),
+            lateness: Spread::new(),
         }
     }
 
@@ -67,11 +119,9 @@ impl RunStats {
     pub fn record_emission(&mut self, e: &Emission, emitted_at: Millis) {
         self.emissions += 1;
         *self.by_trigger.entry(e.trigger).or_default() += 1;
-        // Auto-resizing histograms grow to any u64, so `record` cannot fail on range.
-        let _ = self
-            .time_to_ready
+        self.time_to_ready
             .record((emitted_at - e.last_upload_at).max(0) as u64);
-        let _ = self.lateness.record((emitted_at - e.due_at).max(0) as u64);
+        self.lateness.record((emitted_at - e.due_at).max(0) as u64);
     }
 
     /// Uploads per emission (0 when nothing was emitted).
@@ -95,12 +145,12 @@ impl RunStats {
 
     /// Time-to-ready percentiles (ms).
     pub fn time_to_ready(&self) -> Percentiles {
-        percentiles(&self.time_to_ready)
+        self.time_to_ready.percentiles()
     }
 
     /// Lateness percentiles (ms).
     pub fn lateness(&self) -> Percentiles {
-        percentiles(&self.lateness)
+        self.lateness.percentiles()
     }
 
     /// Adds another run's figures into this one.
@@ -113,34 +163,22 @@ impl RunStats {
         for (t, n) in &other.by_trigger {
             *self.by_trigger.entry(*t).or_default() += n;
         }
-        // Both histograms auto-resize, so adding cannot fail on range; ignore the impossible.
-        let _ = self.time_to_ready.add(&other.time_to_ready);
-        let _ = self.lateness.add(&other.lateness);
+        self.time_to_ready.add(&other.time_to_ready);
+        self.lateness.add(&other.lateness);
     }
 }
 
-fn percentiles(h: &Histogram<u64>) -> Percentiles {
-    if h.is_empty() {
-        return Percentiles::default();
-    }
-    // Report the lowest value of each bucket: exact below 2 048 ms, within 0.1 % above.
-    let q = |x: f64| h.lowest_equivalent(h.value_at_quantile(x));
-    Percentiles {
-        p50: q(0.50),
-        p90: q(0.90),
-        p99: q(0.99),
-        max: h.lowest_equivalent(h.max()),
-    }
-}
-
-/// Formats a millisecond figure for people: `850ms`, `12.3s`, `4m05s`.
+/// Formats a millisecond figure for people, rounded to the nearest unit it prints: `850ms`,
+/// `12.3s` (tenths below a minute), `4m05s` (whole seconds from 59.95 s on).
 pub fn human_ms(ms: u64) -> String {
+    let tenths = ms.saturating_add(50) / 100;
     if ms < 1_000 {
         format!("{ms}ms")
-    } else if ms < 60_000 {
-        format!("{:.1}s", ms as f64 / 1000.0)
+    } else if tenths < 600 {
+        format!("{}.{}s", tenths / 10, tenths % 10)
     } else {
-        format!("{}m{:02}s", ms / 60_000, (ms % 60_000) / 1000)
+        let secs = ms.saturating_add(500) / 1000;
+        format!("{}m{:02}s", secs / 60, secs % 60)
     }
 }
 
@@ -224,5 +262,48 @@ mod tests {
         assert_eq!(human_ms(850), "850ms");
         assert_eq!(human_ms(12_340), "12.3s");
         assert_eq!(human_ms(245_000), "4m05s");
+    }
+
+    #[test]
+    fn human_ms_rounds_to_the_printed_unit() {
+        assert_eq!(human_ms(999), "999ms");
+        assert_eq!(human_ms(1_000), "1.0s");
+        assert_eq!(human_ms(12_349), "12.3s");
+        assert_eq!(human_ms(12_350), "12.4s");
+        assert_eq!(human_ms(59_949), "59.9s");
+        assert_eq!(human_ms(59_950), "1m00s");
+        assert_eq!(human_ms(299_500), "5m00s");
+        assert_eq!(human_ms(299_499), "4m59s");
+        assert_eq!(human_ms(300_000), "5m00s");
+        assert_eq!(human_ms(599_999), "10m00s");
+    }
+
+    #[test]
+    fn percentiles_of_equal_figures_are_that_figure() {
+        // 300 000 ms sits in a histogram bucket starting at 299 776 ms: reported as measured.
+        let mut s = RunStats::new();
+        for _ in 0..100 {
+            s.record_emission(&em(Trigger::Trailing, 0, 300_000, 1), 300_000);
+        }
+        let ttr = s.time_to_ready();
+        assert_eq!(
+            (ttr.p50, ttr.p90, ttr.p99, ttr.max),
+            (300_000, 300_000, 300_000, 300_000)
+        );
+        assert!(
+            s.to_string()
+                .contains("p50 5m00s · p90 5m00s · p99 5m00s · max 5m00s"),
+            "{s}"
+        );
+        // Spread figures: each percentile within 0.05 % of the one recorded.
+        let mut s = RunStats::new();
+        for ms in (1..=1000).map(|i| i * 600) {
+            s.record_emission(&em(Trigger::Trailing, 0, ms, 1), ms);
+        }
+        let ttr = s.time_to_ready();
+        for (got, want) in [(ttr.p50, 300_000), (ttr.p90, 540_000), (ttr.p99, 594_000)] {
+            assert!(got.abs_diff(want) * 2_000 <= want, "{got} vs {want}");
+        }
+        assert_eq!(ttr.max, 600_000);
     }
 }

@@ -18,7 +18,7 @@ pub enum Scenario {
     /// Each session one of the above (uploads split 40/20/10/30 %).
     Mix,
     /// The noisy-neighbour experiment: 100 sessions of `normal-co` and 1 000 of `noisy-co`
-    /// within `--duration` (SEMANTICS §5, [`crate::cli::noisy`]).
+    /// within `--duration` (SEMANTICS §5; the tiers benchmark's traffic).
     Noisy,
 }
 

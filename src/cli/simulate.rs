@@ -365,4 +365,24 @@ mod tests {
         assert_eq!(ems.len(), 1);
         assert_eq!(ems[0].uploads, 2);
     }
+
+    #[test]
+    fn the_report_prints_the_delay_measured() {
+        // 50 sessions of 3 uploads a second apart, at odd times: every round is ready exactly
+        // 5 min after its last upload, and the summary says 5m00s (not the 4m59s of a
+        // histogram bucket's lower end cut to whole seconds).
+        let trace: String = (0..50)
+            .flat_map(|s| (0..3).map(move |u| (s, 7_919 * s + 1_000 * u)))
+            .map(|(s, ts)| format!("{{\"tenant\":\"t\",\"session\":\"s{s}\",\"ts\":{ts}}}\n"))
+            .collect();
+        let (ems, stats, errs) = run(PolicySpec::fixed(300_000), &trace);
+        assert!(errs.is_empty(), "{errs:?}");
+        assert_eq!(ems.len(), 50);
+        assert!(ems.iter().all(|e| e.due_at - e.last_upload_at == 300_000));
+        let text = stats.to_string();
+        assert!(
+            text.contains("time-to-ready: p50 5m00s · p90 5m00s · p99 5m00s · max 5m00s"),
+            "{text}"
+        );
+    }
 }

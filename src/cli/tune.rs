@@ -734,50 +734,69 @@ fn escape(text: &str) -> String {
     s
 }
 
+/// Tick marks of the chart's log time axis (s): 1 s to 1 day in the steps people think in.
+const TIME_TICKS_S: [f64; 16] = [
+    0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1_800.0, 3_600.0, 7_200.0, 21_600.0,
+    43_200.0, 86_400.0,
+];
+
 /// X axis name of the chart.
 pub const X_AXIS: &str = "cost: emissions (count)";
 /// Y axis name of the chart.
-pub const Y_AXIS: &str = "p99 time-to-ready (s)";
+pub const Y_AXIS: &str = "p99 time-to-ready (log scale)";
 
 fn plot_svg(report: &TuneReport) -> Result<String, Box<dyn std::error::Error>> {
     use plotters::prelude::*;
     let secs = |ms: u64| ms as f64 / 1000.0;
-    let point = |r: &Row| (r.stats.emissions as f64, secs(r.p99()));
+    // A log time axis: the region that matters (seconds to a minute) gets as much room as
+    // the minutes above it. A p99 of 0 sits on the axis' floor.
     let goal_s = secs(report.goal.limit_ms);
+    let p99s = report.rows.iter().map(|r| secs(r.p99()));
+    let y_min = p99s
+        .clone()
+        .filter(|&y| y > 0.0)
+        .fold(goal_s.max(0.1), f64::min)
+        / 2.0;
+    let y_max = p99s.fold(goal_s.max(1.0), f64::max) * 2.0;
+    let point = |r: &Row| (r.stats.emissions as f64, secs(r.p99()).max(y_min));
     let x_max = report
         .rows
         .iter()
         .map(|r| r.stats.emissions as f64)
         .fold(1.0, f64::max)
         * 1.1;
-    let y_max = report
-        .rows
-        .iter()
-        .map(|r| secs(r.p99()))
-        .fold(goal_s.max(1.0), f64::max)
-        * 1.1;
     let mut front: Vec<&Row> = report.rows.iter().filter(|r| r.pareto).collect();
     front.sort_by_key(|r| (r.stats.emissions, r.p99()));
 
     let mut svg = String::new();
     {
-        let root = SVGBackend::with_string(&mut svg, (1000, 640)).into_drawing_area();
+        let root = SVGBackend::with_string(&mut svg, (1400, 720)).into_drawing_area();
         root.fill(&WHITE)?;
-        let mut chart = ChartBuilder::on(&root)
+        let (plot, side) = root.split_horizontally(1000);
+        let mut chart = ChartBuilder::on(&plot)
             .caption(
                 format!("settle tune: cost vs p99 time-to-ready ({})", report.source),
-                ("sans-serif", 22),
+                ("sans-serif", 20),
             )
             .margin(20)
             .x_label_area_size(50)
             .y_label_area_size(70)
-            .build_cartesian_2d(0f64..x_max, 0f64..y_max)?;
+            .build_cartesian_2d(
+                0f64..x_max,
+                (y_min..y_max).log_scale().with_key_points(
+                    TIME_TICKS_S
+                        .iter()
+                        .copied()
+                        .filter(|t| (y_min..=y_max).contains(t))
+                        .collect(),
+                ),
+            )?;
         chart
             .configure_mesh()
             .x_desc(X_AXIS)
             .y_desc(Y_AXIS)
             .x_label_formatter(&|x| format!("{x:.0}"))
-            .y_label_formatter(&|y| format!("{y:.0}"))
+            .y_label_formatter(&|y| human_ms((y * 1000.0).round() as u64))
             .draw()?;
         chart
             .draw_series(LineSeries::new(
@@ -804,31 +823,65 @@ fn plot_svg(report: &TuneReport) -> Result<String, Box<dyn std::error::Error>> {
             .draw_series(front.iter().map(|r| Circle::new(point(r), 6, RED.filled())))?
             .label("Pareto-optimal")
             .legend(|(x, y)| Circle::new((x + 10, y), 6, RED.filled()));
-        // One label per distinct Pareto point; settings with the same figures share it.
-        let mut labels: Vec<((f64, f64), String)> = Vec::new();
-        for r in &front {
-            match labels.iter_mut().find(|(p, _)| *p == point(r)) {
-                Some((_, text)) => text.push_str(&format!(" · {}", describe(&r.spec))),
-                None => labels.push((point(r), describe(&r.spec))),
-            }
-        }
-        // Alternate above/below so neighbouring labels overlap less.
-        chart.draw_series(labels.into_iter().enumerate().map(|(i, (p, text))| {
-            let dy = if i % 2 == 0 { -16 } else { 6 };
-            EmptyElement::at(p) + Text::new(text, (9, dy), ("sans-serif", 11))
-        }))?;
         if let Some(r) = report.recommended.and_then(|i| report.rows.get(i)) {
             chart
                 .draw_series([Circle::new(point(r), 10, BLACK.stroke_width(2))])?
                 .label(format!("recommended: {}", describe(&r.spec)))
                 .legend(|(x, y)| Circle::new((x + 10, y), 6, BLACK.stroke_width(2)));
         }
+        // Every point carries the numbers of its settings (rows of the table, from 1). A
+        // point that would sit under a label to its left (about the same time, within the
+        // label's width on the cost axis: ~7 px a character of ~890 px) joins that label.
+        let mut by_cost: Vec<(usize, (f64, f64))> = report
+            .rows
+            .iter()
+            .enumerate()
+            .map(|(n, r)| (n + 1, point(r)))
+            .collect();
+        by_cost.sort_by(|a, b| a.1 .0.total_cmp(&b.1 .0).then(a.0.cmp(&b.0)));
+        let width = |numbers: &[usize]| {
+            let chars: usize = numbers.iter().map(|n| n.to_string().len() + 1).sum();
+            (chars as f64 * 7.0 + 12.0) * x_max / 890.0
+        };
+        let mut labels: Vec<((f64, f64), Vec<usize>)> = Vec::new();
+        for (n, p) in by_cost {
+            let under = labels.iter_mut().find(|(q, numbers)| {
+                (p.1 / q.1 - 1.0).abs() <= 0.04 && p.0 - q.0 <= width(numbers)
+            });
+            match under {
+                Some((_, numbers)) => numbers.push(n),
+                None => labels.push((p, vec![n])),
+            }
+        }
+        for (_, numbers) in &mut labels {
+            numbers.sort_unstable();
+        }
+        chart.draw_series(labels.into_iter().map(|(p, numbers)| {
+            let text: Vec<String> = numbers.iter().map(usize::to_string).collect();
+            EmptyElement::at(p) + Text::new(text.join(","), (8, -14), ("sans-serif", 11))
+        }))?;
         chart
             .configure_series_labels()
             .position(SeriesLabelPosition::UpperRight)
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
             .draw()?;
+        // The key: number → setting, Pareto-optimal rows marked.
+        let line_h = ((680 / (report.rows.len() + 1).max(1)) as i32).clamp(9, 16);
+        let font = ("sans-serif", (line_h - 2).max(8));
+        side.draw(&Text::new("settings (* Pareto-optimal)", (10, 24), font))?;
+        for (n, r) in report.rows.iter().enumerate() {
+            let mark = if report.recommended == Some(n) {
+                "* <- recommended"
+            } else if r.pareto {
+                "*"
+            } else {
+                ""
+            };
+            let y = 24 + line_h * (n as i32 + 1);
+            let text = format!("{:>2}  {} {mark}", n + 1, describe(&r.spec));
+            side.draw(&Text::new(text, (10, y), font))?;
+        }
         root.present()?;
     }
     Ok(svg)

@@ -70,11 +70,11 @@ pub struct Config {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum Transport {
-    /// Kafka: a consumer group on `kafka.input-topic` (`crate::transport::kafka`).
+    /// Kafka: a consumer group on `kafka.input-topic` (section `[kafka]`).
     #[default]
     Kafka,
     /// NATS JetStream: durable pull consumers on `nats.input-stream`, static partition
-    /// assignment (`crate::transport::nats`).
+    /// assignment (section `[nats]`).
     Nats,
 }
 
@@ -274,12 +274,16 @@ pub enum ConfigError {
         origin: String,
     },
     /// A value was read but is out of its allowed range.
-    #[error("{key}: {message}")]
+    #[error("{}", parse_message(key, message, origin))]
     Invalid {
         /// Dotted key path.
         key: String,
         /// What is wrong and what is allowed.
         message: String,
+        /// Where the key (or the nearest section above it) came from, as for
+        /// [`ConfigError::Parse`]; empty when unknown (built-in defaults, a `Config` built
+        /// in code).
+        origin: String,
     },
 }
 
@@ -311,6 +315,7 @@ impl From<KeyError> for ConfigError {
         ConfigError::Invalid {
             key: e.key,
             message: e.message,
+            origin: String::new(),
         }
     }
 }
@@ -333,6 +338,56 @@ impl ConfigError {
                 Some(key).filter(|k| !k.is_empty()).map(String::as_str)
             }
         }
+    }
+}
+
+impl ConfigError {
+    /// This error with the origin of its key filled in when it is an
+    /// [`ConfigError::Invalid`] without one: where `figment` took the key from, or else the
+    /// nearest section above it (`debounce` for an inherited `debounce.max-delay`).
+    fn located(self, figment: &Figment) -> ConfigError {
+        let ConfigError::Invalid {
+            key,
+            message,
+            origin,
+        } = self
+        else {
+            return self;
+        };
+        let mut path = key.as_str();
+        let origin = loop {
+            if !origin.is_empty() {
+                break origin;
+            }
+            if let Some(md) = figment.find_metadata(path) {
+                break origin_of(md, path, path == key);
+            }
+            match path.rsplit_once('.') {
+                Some((parent, _)) => path = parent,
+                None => break String::new(),
+            }
+        };
+        ConfigError::Invalid {
+            key,
+            message,
+            origin,
+        }
+    }
+}
+
+/// Where the value at `path` came from, per its figment metadata: `file PATH`, `environment
+/// variable SETTLE_…` (`exact`: `path` is the key itself, not a section above it), or empty.
+fn origin_of(md: &figment::Metadata, path: &str, exact: bool) -> String {
+    if md.name.contains("environment") {
+        return if exact {
+            format!("environment variable {}", env_var_for(path))
+        } else {
+            "the environment".to_owned()
+        };
+    }
+    match &md.source {
+        Some(figment::Source::File(p)) => format!("file {}", p.display()),
+        _ => String::new(),
     }
 }
 
@@ -363,7 +418,7 @@ impl Config {
 
     fn extract(figment: Figment) -> Result<Config, ConfigError> {
         let config: Config = figment.extract().map_err(from_figment)?;
-        config.validate()?;
+        config.validate().map_err(|e| e.located(&figment))?;
         Ok(config)
     }
 
@@ -431,7 +486,7 @@ impl DebounceConfig {
 
     fn validate(&self) -> Result<(), ConfigError> {
         check_debounce_durations("debounce", self)?;
-        check_spec("debounce", &self.spec(), "")?;
+        check_spec("debounce", self, "")?;
         for (name, o) in &self.tenants {
             let section = format!("debounce.tenants.{name}");
             if validate_tenant(name).is_err() {
@@ -447,7 +502,7 @@ impl DebounceConfig {
             check_debounce_durations(&section, &resolved)?;
             check_spec(
                 &section,
-                &resolved.spec(),
+                &resolved,
                 " (keys not set for the tenant are inherited from [debounce])",
             )?;
         }
@@ -488,6 +543,7 @@ fn invalid(key: &str, message: String) -> ConfigError {
     ConfigError::Invalid {
         key: key.to_owned(),
         message,
+        origin: String::new(),
     }
 }
 
@@ -534,9 +590,21 @@ fn check_debounce_durations(section: &str, d: &DebounceConfig) -> Result<(), Con
     Ok(())
 }
 
-/// Runs [`PolicySpec::validate`]; its message starts with the key it is about.
-fn check_spec(section: &str, spec: &PolicySpec, note: &str) -> Result<(), ConfigError> {
-    spec.validate().map_err(|message| {
+/// Checks `max-delay >= min-delay` of an adaptive `d` (in the units the user wrote: "must be
+/// at least min-delay: max-delay is 10m, min-delay 20m"), then runs [`PolicySpec::validate`],
+/// whose message starts with the key it is about.
+fn check_spec(section: &str, d: &DebounceConfig, note: &str) -> Result<(), ConfigError> {
+    if d.policy == PolicyName::Adaptive && d.max_delay < d.min_delay {
+        return Err(invalid(
+            &format!("{section}.max-delay"),
+            format!(
+                "must be at least min-delay: max-delay is {}, min-delay {}{note}",
+                humantime::format_duration(d.max_delay),
+                humantime::format_duration(d.min_delay)
+            ),
+        ));
+    }
+    d.spec().validate().map_err(|message| {
         let key = message.split_whitespace().next().unwrap_or_default();
         let key = match key {
             "delay" | "min-delay" | "max-delay" | "max-wait" | "state-ttl" => {
@@ -623,16 +691,10 @@ fn from_figment(e: figment::Error) -> ConfigError {
             }
         }
     };
-    let origin = match &e.metadata {
-        Some(md) if md.name.contains("environment") => {
-            format!("environment variable {}", env_var_for(&path))
-        }
-        Some(md) => match &md.source {
-            Some(figment::Source::File(p)) => format!("file {}", p.display()),
-            _ => String::new(),
-        },
-        None => String::new(),
-    };
+    let origin = e
+        .metadata
+        .as_ref()
+        .map_or_else(String::new, |md| origin_of(md, &path, true));
     ConfigError::Parse {
         key: path,
         message,
@@ -981,9 +1043,9 @@ mod tests {
     #[test]
     fn min_delay_above_max_delay() {
         assert_err(
-            "[debounce]\nmin-delay = \"2m\"\nmax-delay = \"1m\"",
+            "[debounce]\nmin-delay = \"20m\"\nmax-delay = \"10m\"",
             "debounce.max-delay",
-            &["must be at least min-delay"],
+            &["must be at least min-delay: max-delay is 10m, min-delay 20m"],
         );
         // Only an adaptive policy uses them.
         assert!(Config::from_toml_str(
@@ -994,7 +1056,10 @@ mod tests {
         assert_err(
             "[debounce.tenants.acme]\nmin-delay = \"20m\"",
             "debounce.tenants.acme.max-delay",
-            &["must be at least min-delay", "inherited from [debounce]"],
+            &[
+                "max-delay is 10m, min-delay 20m",
+                "inherited from [debounce]",
+            ],
         );
     }
 

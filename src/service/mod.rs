@@ -9,7 +9,8 @@
 //! there is a lease; everything after that ([`run_until`]'s `serve`) is the same for every
 //! transport. Nothing below this module starts a runtime or an admin server.
 //!
-//! Exit status of `settle run` (`main` prints the error): 0 after a graceful stop; 1 when
+//! Exit status of `settle run` (`main` prints the error): 0 after a graceful stop, whose last
+//! log line is `settle run stopped` (partitions ended, how many flushed their outbox); 1 when
 //! the config is invalid, a client or the admin listener cannot be set up, the source
 //! failed, the lease expired (the process was paused longer than it may own partitions), or
 //! a partition failed (the message names the first one and why).
@@ -21,7 +22,7 @@ pub use signals::shutdown_on_signals;
 use crate::admin::AdminServer;
 use crate::config::{Config, Transport};
 use crate::engine::Engine;
-use crate::runtime::{progress, RunSummary, Runtime, RuntimeOptions, SystemClock};
+use crate::runtime::{progress, PartitionExit, RunSummary, Runtime, RuntimeOptions, SystemClock};
 use crate::transport::kafka::{self, KafkaSink, KafkaSource};
 use crate::transport::nats::{self, NatsSink, NatsSource};
 use crate::transport::{Sink, Source};
@@ -48,9 +49,21 @@ pub fn run(file: Option<&Path>, transport: Option<Transport>) -> anyhow::Result<
             shutdown_on_signals(shutdown.clone()).context("cannot install signal handlers")?;
         let summary = run_until(&config, shutdown).await;
         signals.abort();
-        if let Some((p, reason)) = summary?.failed().first() {
+        let summary = summary?;
+        if let Some((p, reason)) = summary.failed().first() {
             anyhow::bail!("partition {p} failed: {reason}");
         }
+        // The last line of a clean stop: every partition task has ended, the stores closed.
+        let flushed = summary
+            .partitions
+            .values()
+            .filter(|e| matches!(e, PartitionExit::Stopped { flushed: true }))
+            .count();
+        tracing::info!(
+            partitions = summary.partitions.len(),
+            flushed,
+            "settle run stopped"
+        );
         Ok(())
     })?
 }

@@ -513,6 +513,7 @@ fn loadgen_args(kafka: &KafkaConfig, topic: &str, rate: f64, seconds: u64) -> lo
         sessions: None,
         burst_machines: 700,
         seed: 7,
+        run_id: None,
         trace_out: None,
         create_topic: None,
         no_progress: true,

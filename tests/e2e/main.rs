@@ -26,6 +26,7 @@ mod running_support;
 
 mod admin_kafka;
 mod broker_smoke;
+mod cli_output;
 mod crash_kill;
 mod kafka_eos;
 mod kafka_pipeline;

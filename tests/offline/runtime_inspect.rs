@@ -39,9 +39,15 @@ async fn inspect_reports_offsets_rounds_outbox_and_a_session() {
     let mut out = Vec::new();
     assert_eq!(inspect::run(args, &mut out).unwrap(), 1);
     let text = String::from_utf8(out).unwrap();
-    assert!(text.contains("next offset     3"), "{text}");
-    assert!(text.contains("pending rounds  2"), "{text}");
-    assert!(text.contains("session acme/s1"), "{text}");
+    // Only the session, headed by the store it lives in: no partition dump, no tiers.
+    let header = format!("{topic}/0  ({})", path.display());
+    assert!(
+        text.starts_with(&format!("{header}\n  session acme/s1 (partition 0)\n")),
+        "{text}"
+    );
+    for other in ["next offset", "pending rounds", "acme/s2", "tiers"] {
+        assert!(!text.contains(other), "{other}: {text}");
+    }
     assert!(
         text.contains("CallTrack       time 2026-01-01T00:00:00.000Z · delay 5000 ms"),
         "{text}"
@@ -67,8 +73,11 @@ async fn inspect_reports_offsets_rounds_outbox_and_a_session() {
     let mut args = InspectArgs::new(dir.to_path_buf());
     args.session = Some("acme/nope".into());
     let mut out = Vec::new();
-    inspect::run(args, &mut out).unwrap();
-    assert!(String::from_utf8(out)
-        .unwrap()
-        .contains("session acme/nope: no state"));
+    let err = format!("{:#}", inspect::run(args, &mut out).unwrap_err());
+    assert!(
+        err.contains("session acme/nope: no state in any store read"),
+        "{err}"
+    );
+    assert!(err.contains(&format!("({topic}/0)")), "{err}");
+    assert!(out.is_empty(), "{}", String::from_utf8_lossy(&out));
 }

@@ -1,5 +1,5 @@
-//! `settle tune --report`: the SVG chart is well-formed and names both axes; the HTML page
-//! holds the table and the chart.
+//! `settle tune --report`: the SVG chart is well-formed, names both axes, has a log time
+//! axis and a key numbering every setting; the HTML page holds the table and the chart.
 
 use settle::cli::tune::{self, describe, Goal, Sweep, TuneArgs, TuneReport, X_AXIS, Y_AXIS};
 use std::path::PathBuf;
@@ -43,13 +43,18 @@ fn svg_report_is_well_formed_and_names_both_axes() {
         "title missing"
     );
     assert!(text.contains("Pareto-optimal"), "legend missing");
-    // Every Pareto-optimal setting is labelled on the chart.
-    for r in report.rows.iter().filter(|r| r.pareto) {
-        assert!(
-            text.contains(&describe(&r.spec)),
-            "{:?} not labelled",
-            r.spec
-        );
+    // Every setting is in the chart's key, numbered as the table's rows, Pareto-optimal
+    // ones marked.
+    for (n, r) in report.rows.iter().enumerate() {
+        let mark = if r.pareto { " *" } else { "" };
+        let entry = format!("{:>2}  {}{mark}", n + 1, describe(&r.spec));
+        assert!(text.contains(&entry), "{entry:?} not in the key: {text}");
+    }
+    // The time axis is logarithmic with ticks people read: 5 s, 10 s, 30 s, 1 min, ...
+    for tick in [
+        "5.0s", "10.0s", "30.0s", "1m00s", "2m00s", "5m00s", "10m00s",
+    ] {
+        assert!(text.contains(tick), "tick {tick} missing: {text}");
     }
     // One marker per setting (plus the legend's and the recommendation ring).
     let circles = root
