@@ -853,7 +853,8 @@ impl PartitionStore {
     /// Sets every key's timer to `next_due(key, state)` (ms; `engine::Engine::next_due`),
     /// e.g. after a restore from a changelog written under another policy config: the stored
     /// value of each key whose timer differs is rewritten (not recorded: the changelog's
-    /// values are the previous owner's), then the memory is reloaded. Flushes what memory
+    /// values are the previous owner's), then the memory is reloaded (only when a timer
+    /// changed: usually none does, and a restore has just loaded the store). Flushes what memory
     /// owes first; writes in chunks of 10 000 keys. Returns the number of timers (keys with
     /// state).
     ///
@@ -867,6 +868,7 @@ impl PartitionStore {
         let sessions = cf(&self.db, CF_SESSIONS);
         let mut wb = WriteBatch::default();
         let mut set = 0u64;
+        let mut rewritten = 0u64;
         let mut buf = Vec::new();
         let mut it = self.db.raw_iterator_cf(sessions);
         it.seek_to_first();
@@ -877,6 +879,7 @@ impl PartitionStore {
             if due != Some(want) {
                 buf = keys::encode_session_into(Some(want), &state, buf)?;
                 wb.put_cf(sessions, k, &buf);
+                rewritten += 1;
                 if wb.len() >= 10_000 {
                     self.db
                         .write_opt(std::mem::take(&mut wb), &self.state.write_opts)
@@ -888,6 +891,10 @@ impl PartitionStore {
         }
         it.status().map_err(read_error(CF_SESSIONS))?;
         drop(it);
+        if rewritten == 0 {
+            // Memory already equals the store (flushed above): nothing to reload.
+            return Ok(set);
+        }
         self.db
             .write_opt(wb, &self.state.write_opts)
             .map_err(Error::Write)?;
