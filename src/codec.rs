@@ -139,11 +139,22 @@ pub enum DecodeError {
         /// `tenant/session` from the payload.
         expected: String,
     },
+    /// The record arrived on a partition other than the one its key hashes to, on a
+    /// transport where settle's partitioner decides (NATS: 32-bit FNV-1a of the key modulo
+    /// `nats.partitions`). Its session's other uploads live on that other partition, so
+    /// applying it here would split the session (SEMANTICS §2).
+    #[error("record arrived on partition {partition}, but its key hashes to partition {expected}")]
+    WrongPartition {
+        /// The partition the record was read from.
+        partition: i32,
+        /// The partition its key hashes to.
+        expected: i32,
+    },
 }
 
 impl DecodeError {
     /// Every [`DecodeError::reason`] code, in declaration order.
-    pub const ALL_REASONS: [&'static str; 26] = [
+    pub const ALL_REASONS: [&'static str; 27] = [
         "invalid_utf8",
         "invalid_json",
         "not_an_object",
@@ -170,6 +181,7 @@ impl DecodeError {
         "missing_key",
         "key_not_utf8",
         "key_mismatch",
+        "wrong_partition",
     ];
 
     /// Short stable snake_case code of the rule that failed: the dead-letter reason header and
@@ -202,6 +214,7 @@ impl DecodeError {
             DecodeError::MissingKey => "missing_key",
             DecodeError::KeyNotUtf8 => "key_not_utf8",
             DecodeError::KeyMismatch { .. } => "key_mismatch",
+            DecodeError::WrongPartition { .. } => "wrong_partition",
         }
     }
 }
@@ -476,8 +489,14 @@ impl<'de> Wire<'de> {
                 if text.len() > ATTRIBUTES_MAX_BYTES {
                     return Err(DecodeError::AttributesTooLarge(text.len()));
                 }
-                if too_deep(text, ATTRIBUTES_MAX_DEPTH) {
-                    return Err(DecodeError::AttributesTooDeep);
+                match scan_json(text, ATTRIBUTES_MAX_DEPTH) {
+                    Ok(()) => {}
+                    Err(Scan::TooDeep) => return Err(DecodeError::AttributesTooDeep),
+                    Err(Scan::LoneSurrogate(unit)) => {
+                        return Err(DecodeError::InvalidJson(format!(
+                            "field `attributes` has a lone surrogate escape \\u{unit:04X} (it names no character; strict JSON parsers reject it)"
+                        )))
+                    }
                 }
                 Some(raw)
             }
@@ -679,32 +698,72 @@ impl<'de> Visitor<'de> for UploadSeed<'_, 'de> {
 /// without recursion, so any depth is safe to check. String contents are skipped by their
 /// quotes and escapes. (The parser skips and captures values without recursing, so a payload
 /// is read whatever its depth before this check.)
+#[cfg(test)]
 fn too_deep(text: &str, limit: usize) -> bool {
-    let (mut depth, mut in_string, mut escaped) = (0_usize, false, false);
-    for &b in text.as_bytes() {
+    matches!(scan_json(text, limit), Err(Scan::TooDeep))
+}
+
+/// What [`scan_json`] found wrong.
+#[derive(Debug, PartialEq, Eq)]
+enum Scan {
+    /// Nested deeper than the limit.
+    TooDeep,
+    /// A `\uXXXX` escape of a UTF-16 surrogate without its other half (the code unit).
+    /// serde_json and other strict parsers reject such text; it names no character.
+    LoneSurrogate(u16),
+}
+
+/// One pass over JSON text already known to be well-formed apart from escapes (captured by
+/// serde_json as a raw value, which does not check that `\u` surrogates pair up): the
+/// nesting depth against `limit` and every `\u` escape. No recursion.
+fn scan_json(text: &str, limit: usize) -> Result<(), Scan> {
+    let b = text.as_bytes();
+    let hex = |at: usize| -> Option<u16> {
+        let digits = b.get(at..at + 4)?;
+        u16::from_str_radix(std::str::from_utf8(digits).ok()?, 16).ok()
+    };
+    let (mut depth, mut in_string, mut i) = (0_usize, false, 0);
+    while i < b.len() {
+        let c = b[i];
+        i += 1;
         if in_string {
-            if escaped {
-                escaped = false;
-            } else if b == b'\\' {
-                escaped = true;
-            } else if b == b'"' {
-                in_string = false;
+            match c {
+                b'"' => in_string = false,
+                b'\\' if b.get(i) == Some(&b'u') => {
+                    let unit = hex(i + 1).unwrap_or(0);
+                    i += 5;
+                    match unit {
+                        0xD800..=0xDBFF => {
+                            let low = (b.get(i) == Some(&b'\\') && b.get(i + 1) == Some(&b'u'))
+                                .then(|| hex(i + 2))
+                                .flatten();
+                            match low {
+                                Some(0xDC00..=0xDFFF) => i += 6,
+                                _ => return Err(Scan::LoneSurrogate(unit)),
+                            }
+                        }
+                        0xDC00..=0xDFFF => return Err(Scan::LoneSurrogate(unit)),
+                        _ => {}
+                    }
+                }
+                b'\\' => i += 1,
+                _ => {}
             }
             continue;
         }
-        match b {
+        match c {
             b'"' => in_string = true,
             b'{' | b'[' => {
                 depth += 1;
                 if depth > limit {
-                    return true;
+                    return Err(Scan::TooDeep);
                 }
             }
             b'}' | b']' => depth = depth.saturating_sub(1),
             _ => {}
         }
     }
-    false
+    Ok(())
 }
 
 /// A serde error's message without the " at line L column C" suffix.
@@ -860,7 +919,7 @@ impl ReadyRecord {
 /// `text` as a JSON value if it may be `attributes` on the wire: a JSON object nested at most
 /// [`ATTRIBUTES_MAX_DEPTH`] levels (what [`decode_upload`] lets through).
 fn json_object(text: &str) -> Option<&RawValue> {
-    if !text.starts_with('{') || too_deep(text, ATTRIBUTES_MAX_DEPTH) {
+    if !text.starts_with('{') || scan_json(text, ATTRIBUTES_MAX_DEPTH).is_err() {
         return None;
     }
     serde_json::from_str::<&RawValue>(text).ok()
@@ -1514,6 +1573,24 @@ mod tests {
 
     #[test]
     fn depth_is_counted_outside_strings() {
+        assert_eq!(
+            scan_json(r#"{"a":"\ud83d\ude00 \\ud800 \u00e9"}"#, 4),
+            Ok(())
+        );
+        assert_eq!(
+            scan_json(r#"{"a":"\ud800"}"#, 4),
+            Err(Scan::LoneSurrogate(0xD800))
+        );
+        assert_eq!(
+            scan_json(r#"{"a":"x\udc00y"}"#, 4),
+            Err(Scan::LoneSurrogate(0xDC00))
+        );
+        assert_eq!(
+            scan_json(r#"{"a":"\ud83d\u0041"}"#, 4),
+            Err(Scan::LoneSurrogate(0xD83D))
+        );
+        let lone = decode(r#"{"tenant":"a","session":"s","attributes":{"k":"\udfff"}}"#);
+        assert_eq!(lone.unwrap_err().reason(), "invalid_json");
         assert!(!too_deep("{}", 1));
         assert!(too_deep("{}", 0));
         assert!(too_deep(r#"{"a":{"b":1}}"#, 1));
@@ -1595,6 +1672,10 @@ mod tests {
             decode_upload(None, br#"{"tenant":"a","session":"s"}"#, 0, 0).unwrap_err(),
             decode_upload(Some(b"\xff"), br#"{"tenant":"a","session":"s"}"#, 0, 0).unwrap_err(),
             decode_upload(Some(b"a/t"), br#"{"tenant":"a","session":"s"}"#, 0, 0).unwrap_err(),
+            DecodeError::WrongPartition {
+                partition: 1,
+                expected: 2,
+            },
         ];
         let reasons: Vec<&str> = samples.iter().map(DecodeError::reason).collect();
         assert_eq!(reasons, DecodeError::ALL_REASONS.to_vec());
@@ -1617,6 +1698,7 @@ mod tests {
             ("final", 19..20),
             ("attributes", 20..23),
             ("record key", 23..26),
+            ("partition", 26..27),
         ];
         for (name, range) in fields {
             for e in &samples[range] {

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 /// Keys of `[kafka.properties]` that settle sets itself: each has its own config key or is
 /// required for the guarantees of SEMANTICS §6.
-const MANAGED_PROPERTIES: [(&str, &str); 7] = [
+const MANAGED_PROPERTIES: [(&str, &str); 8] = [
     ("bootstrap.servers", "set kafka.bootstrap-servers instead"),
     ("group.id", "set kafka.group-id instead"),
     (
@@ -31,6 +31,10 @@ const MANAGED_PROPERTIES: [(&str, &str); 7] = [
     (
         "enable.idempotence",
         "the producer must be idempotent (no duplicates from producer retries)",
+    ),
+    (
+        "group.instance.id",
+        "set kafka.group-instance-id instead (static membership)",
     ),
     (
         "transactional.id",
@@ -73,6 +77,15 @@ pub struct KafkaConfig {
     /// `instance-id`: this process's name in the group, sent as header `settle-instance` on
     /// every ready record (default `""`: `<hostname>-<pid>`).
     pub instance_id: String,
+    /// `group-instance-id`: Kafka static membership (KIP-345, librdkafka
+    /// `group.instance.id`): this instance's fixed name in the group. A member restarted
+    /// with the same name within `session.timeout.ms` gets its partitions back at once,
+    /// without a rebalance or waiting for the old member's session to time out. Unset or
+    /// `""` (the default): dynamic membership. Give each instance its own, stable name
+    /// (the StatefulSet of `deploy/kubernetes` sets the pod name, `settle-0`, ...); two
+    /// live instances with one name fence each other. 1-249 bytes of `[A-Za-z0-9._-]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group_instance_id: Option<String>,
     /// `processing-guarantee`: `at-least-once` (default; a redelivered emission keeps its
     /// `emission_id`) or `exactly-once` (emissions, changelog records and input offsets of
     /// each store batch in one Kafka transaction; needs a broker with transactions).
@@ -80,7 +93,7 @@ pub struct KafkaConfig {
     /// `[kafka.properties]`: librdkafka properties (strings, numbers or booleans), applied to
     /// both clients after settle's own defaults, so they can override them (security
     /// settings, timeouts, `client.id`, `fetch.wait.max.ms`, ...). The keys settle manages
-    /// (`bootstrap.servers`, `group.id`, `enable.auto.commit`, `enable.auto.offset.store`,
+    /// (`bootstrap.servers`, `group.id`, `group.instance.id`, `enable.auto.commit`, `enable.auto.offset.store`,
     /// `enable.partition.eof`, `enable.idempotence`, `transactional.id`) are rejected.
     #[serde(deserialize_with = "property_values")]
     pub properties: BTreeMap<String, String>,
@@ -95,6 +108,7 @@ impl Default for KafkaConfig {
             dead_letter_topic: "settle.dead-letter".to_owned(),
             changelog_topic: None,
             instance_id: String::new(),
+            group_instance_id: None,
             processing_guarantee: ProcessingGuarantee::AtLeastOnce,
             properties: BTreeMap::new(),
         }
@@ -141,6 +155,13 @@ impl KafkaConfig {
             .and_then(|v| v.parse().ok())
             .unwrap_or(45_000);
         Duration::from_millis((session_ms * 2 / 3).max(1_000))
+    }
+
+    /// The static group membership name: `group-instance-id` when set and not `""`.
+    pub fn group_instance_id(&self) -> Option<&str> {
+        self.group_instance_id
+            .as_deref()
+            .filter(|id| !id.is_empty())
     }
 
     /// The changelog topic: `changelog-topic`, else `<group-id>.changelog`; `None` when
@@ -255,6 +276,17 @@ impl KafkaConfig {
                 "at most 255 bytes, no control characters",
             ));
         }
+        if let Some(id) = self.group_instance_id() {
+            let ok_chars = id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+            if id.len() > 249 || !ok_chars {
+                return Err(KeyError::new(
+                    "kafka.group-instance-id",
+                    format!("invalid name {id:?}: 1-249 bytes of [A-Za-z0-9._-] (or \"\" for dynamic membership)"),
+                ));
+            }
+        }
         for key in self.properties.keys() {
             if let Some((_, why)) = MANAGED_PROPERTIES.iter().find(|(k, _)| k == key) {
                 return Err(KeyError::new(
@@ -286,6 +318,9 @@ impl KafkaConfig {
                     .set("enable.partition.eof", "true")
                     .set("auto.offset.reset", "earliest")
                     .set("fetch.wait.max.ms", "100");
+                if let Some(id) = self.group_instance_id() {
+                    c.set("group.instance.id", id);
+                }
             }
             Role::Producer => {
                 c.set("enable.idempotence", "true")
@@ -335,6 +370,33 @@ mod tests {
 
     fn parse(toml_text: &str) -> Result<KafkaConfig, toml::de::Error> {
         toml::from_str(toml_text)
+    }
+
+    #[test]
+    fn group_instance_id_turns_static_membership_on() {
+        let dynamic = parse("").unwrap();
+        assert_eq!(dynamic.group_instance_id(), None);
+        assert!(dynamic
+            .client_config(Role::Consumer)
+            .get("group.instance.id")
+            .is_none());
+        assert_eq!(parse(r#"group-instance-id = """#).unwrap().group_instance_id(), None);
+        let fixed = parse(r#"group-instance-id = "settle-0""#).unwrap();
+        fixed.validate().unwrap();
+        assert_eq!(
+            fixed.client_config(Role::Consumer).get("group.instance.id"),
+            Some("settle-0")
+        );
+        assert!(fixed
+            .client_config(Role::Producer)
+            .get("group.instance.id")
+            .is_none());
+        let bad = parse(r#"group-instance-id = "settle 0""#).unwrap();
+        let e = bad.validate().unwrap_err().to_string();
+        assert!(e.contains("kafka.group-instance-id"), "{e}");
+        let managed = parse("[properties]\n\"group.instance.id\" = \"x\"").unwrap();
+        let e = managed.validate().unwrap_err().to_string();
+        assert!(e.contains("kafka.group-instance-id instead"), "{e}");
     }
 
     #[test]

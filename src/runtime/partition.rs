@@ -9,7 +9,8 @@
 //!    never emits on idle input").
 //!    While owed emissions wait for room in the publisher's queue, it is at most
 //!    [`FEED_WAIT`], so a backlog of emissions is handed over as fast as the sink acknowledges.
-//! 2. Decode every record (`codec::decode_upload`, event time capped at the wall clock); a
+//! 2. Decode every record (`codec::decode_upload`, event time capped at the wall clock, and
+//!    on NATS the key's partition checked: `PartitionInput::key_partition`); a
 //!    bad record is dead-lettered with its reason (awaited) and its offset still advances.
 //! 3. In ONE store batch: for each upload, fire the timers due up to its event time (a round
 //!    due before a later upload fires first), advance the partition clock to the event time
@@ -55,7 +56,7 @@ use super::pacer::CatchUpPacer;
 use super::publisher::{self, Fence, PublishTarget, TierRouting};
 use super::status::{PartitionState, PartitionStatus, StatusBoard};
 use super::throttle::LogThrottle;
-use crate::codec;
+use crate::codec::{self, DecodeError};
 use crate::engine::{Applied, Driver, Emission, Engine, Millis, SessionTable, Upload};
 use crate::metrics::{Metrics, PartitionMetrics};
 use crate::store::{self, Batch, PartitionStore};
@@ -593,25 +594,41 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
         let wall = self.ctx.clock.now_ms();
         for r in records {
             self.status.records += 1;
-            let upload =
-                match codec::decode_upload(r.key.as_deref(), &r.payload, r.timestamp_ms, wall) {
-                    Ok(u) => Some(u),
-                    Err(e) => {
-                        if !self.dead_letter(&r, e.reason(), cancel).await {
-                            // Stopping while the dead-letter topic is unavailable: this record
-                            // and the rest of the batch are not applied; they are read again
-                            // after the next start.
-                            return false;
-                        }
-                        None
+            let decoded = codec::decode_upload(r.key.as_deref(), &r.payload, r.timestamp_ms, wall)
+                .and_then(|u| self.check_partition(&r, u));
+            let upload = match decoded {
+                Ok(u) => Some(u),
+                Err(e) => {
+                    if !self.dead_letter(&r, e.reason(), cancel).await {
+                        // Stopping while the dead-letter topic is unavailable: this record
+                        // and the rest of the batch are not applied; they are read again
+                        // after the next start.
+                        return false;
                     }
-                };
+                    None
+                }
+            };
             self.held.push_back(Pending {
                 offset: r.offset,
                 upload,
             });
         }
         true
+    }
+
+    /// `Err(WrongPartition)` when the transport fixes the partition of a key
+    /// ([`PartitionInput::key_partition`], NATS) and `record`'s key belongs elsewhere
+    /// (SEMANTICS §2); the upload otherwise. Only called on a decoded upload, whose record
+    /// key is `tenant/session`.
+    fn check_partition(&self, record: &InputRecord, upload: Upload) -> Result<Upload, DecodeError> {
+        let key = record.key.as_deref().unwrap_or_default();
+        match self.input.key_partition(key) {
+            Some(expected) if expected != record.partition => Err(DecodeError::WrongPartition {
+                partition: record.partition,
+                expected,
+            }),
+            _ => Ok(upload),
+        }
     }
 
     /// Sends `record` to the dead-letter topic; `false` if stopped before it was acknowledged.

@@ -293,6 +293,16 @@ pub trait PartitionInput: Send + 'static {
     fn lag(&self) -> Option<u64> {
         None
     }
+
+    /// The partition a record with this key belongs on, where the transport's own
+    /// partitioner fixes it (NATS: [`nats::partition_for_key`], the hash settle's producers
+    /// and the README's publishing recipe use); `None` (the default) where producers choose
+    /// the partition (Kafka: the producer's partitioner, which settle does not know). The
+    /// partition task dead-letters a record whose key belongs on another partition as
+    /// `wrong_partition` (SEMANTICS §2): its session's other uploads live there.
+    fn key_partition(&self, _key: &[u8]) -> Option<i32> {
+        None
+    }
 }
 
 /// Where ready records and dead letters go. Cheap to clone (each partition's outbox

@@ -21,6 +21,8 @@ mod kafka_support;
 mod nats_support;
 #[path = "../support/process.rs"]
 mod process_support;
+#[path = "../support/proxy.rs"]
+mod proxy_support;
 #[path = "../support/running.rs"]
 mod running_support;
 
@@ -28,7 +30,9 @@ mod admin_kafka;
 mod broker_smoke;
 mod cli_output;
 mod crash_kill;
+mod hostile_input;
 mod kafka_eos;
+mod kafka_outage;
 mod kafka_pipeline;
 mod kafka_process;
 mod kafka_rebalance;

@@ -169,7 +169,10 @@ async fn nats_pipeline_matches_simulate() -> Result<()> {
     publish_live(&setup, &uploads).await?;
     let input = setup.input(uploads.len()).await?;
     ensure!(input.len() == uploads.len(), "read back {}", input.len());
-    let want = by_id(reference(&config, &trace_of(&input)?)?);
+    let want = by_id(reference(
+        &config,
+        &trace_of(&input, setup.nats.partitions)?,
+    )?);
 
     let dir = tempfile::tempdir()?;
     let running = setup.start(&config, dir.path()).await?;
@@ -217,7 +220,8 @@ async fn nats_bad_records_are_dead_lettered() -> Result<()> {
     };
     let setup = Setup::new(&addr, "dlq", Storage::Memory, 3).await?;
     let config = Config::from_toml_str(CONFIG)?;
-    // Per key: a good upload, three bad records, a good upload: all in the key's partition.
+    // Per key: a good upload, three bad records, a good upload: all in the key's partition;
+    // then a good upload in another partition (wrong_partition, not applied anywhere).
     let mut bad: BTreeMap<u64, (String, &str)> = BTreeMap::new();
     let mut published = 0;
     for key in ["dl/a", "dl/b", "dl/c", "dl/d"] {
@@ -236,21 +240,31 @@ async fn nats_bad_records_are_dead_lettered() -> Result<()> {
             ),
             (good("u2"), None),
         ];
+        let mut home = None;
         for (payload, reason) in recs {
             if let Some(r) = reason {
                 let e = codec::decode_upload(Some(key.as_bytes()), &payload, 0, 0)
                     .expect_err("a bad record");
                 assert_eq!(e.reason(), r);
             }
-            let (_, seq) = setup.publish(key, &payload, None).await?;
+            let (p, seq) = setup.publish(key, &payload, None).await?;
+            home = Some(p);
             published += 1;
             if let Some(r) = reason {
                 bad.insert(seq, (key.to_owned(), r));
             }
         }
+        // A well-formed upload on the subject of another partition than its key's.
+        let elsewhere = (home.context("published")? + 1) % setup.nats.partitions as i32;
+        let seq = setup.publish_to(elsewhere, key, &good("u3")).await?;
+        published += 1;
+        bad.insert(seq, (key.to_owned(), "wrong_partition"));
     }
     let input = setup.input(published).await?;
-    let want = by_id(reference(&config, &trace_of(&input)?)?);
+    let want = by_id(reference(
+        &config,
+        &trace_of(&input, setup.nats.partitions)?,
+    )?);
 
     let dir = tempfile::tempdir()?;
     let running = setup.start(&config, dir.path()).await?;
@@ -446,7 +460,10 @@ async fn nats_server_restart_loses_no_round() -> Result<()> {
         input.len(),
         uploads.len()
     );
-    let want = by_id(reference(&config, &trace_of(&input)?)?);
+    let want = by_id(reference(
+        &config,
+        &trace_of(&input, setup.nats.partitions)?,
+    )?);
     running.until_idle().await?;
     setup.consumers_settled().await?;
     running.stop().await?;

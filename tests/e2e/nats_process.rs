@@ -131,7 +131,10 @@ fn nats_loadgen_run_sigkill_restart_sigterm() -> Result<()> {
 
     // Every round of the input, as `settle simulate` sees it.
     let input = rt.block_on(setup.input(1))?;
-    let want = by_id(reference(&config, &trace_of(&input)?)?);
+    let want = by_id(reference(
+        &config,
+        &trace_of(&input, setup.nats.partitions)?,
+    )?);
     ensure!(want.len() > at_kill, "too few rounds: {}", want.len());
     // loadgen's trace names the same messages, with their JetStream timestamps.
     let traced: BTreeSet<(i64, i64, i64)> = std::fs::read_to_string(&trace_path)?
@@ -219,7 +222,10 @@ fn nats_run_stops_when_the_input_stream_started_over() -> Result<()> {
 
     // First life of the stream: every round out, then a clean stop.
     let input = produce("3s", "3")?;
-    let want = by_id(reference(&config, &trace_of(&input)?)?);
+    let want = by_id(reference(
+        &config,
+        &trace_of(&input, setup.nats.partitions)?,
+    )?);
     process_support::run_until_rounds(
         &config_path,
         want.len(),

@@ -121,6 +121,20 @@ impl Setup {
         Ok((p, ack.await?.sequence))
     }
 
+    /// Publishes one upload with header `settle-key` = `key` to partition `partition`'s
+    /// subject, whatever the key hashes to (a misrouting producer), and waits for the ack:
+    /// the stream sequence.
+    pub async fn publish_to(&self, partition: i32, key: &str, json: &[u8]) -> Result<u64> {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(nats::KEY_HEADER, key);
+        let subject = format!("{}.{partition}", self.nats.input_subject_prefix);
+        let ack = self
+            .js
+            .publish_with_headers(subject, headers, json.to_vec().into())
+            .await?;
+        Ok(ack.await?.sequence)
+    }
+
     /// The input stream read back (at least `at_least` messages).
     pub async fn input(&self, at_least: usize) -> Result<Vec<StreamRecord>> {
         nats::read_stream(
@@ -243,8 +257,9 @@ impl Setup {
 
 /// `input` (the input stream read back) as a `simulate` trace: every message that decodes,
 /// plus its JetStream timestamp as `"ts"` and its partition, sorted by
-/// `(ts, partition, sequence)`. Messages that fail decoding (dead letters) are left out.
-pub fn trace_of(input: &[StreamRecord]) -> Result<String> {
+/// `(ts, partition, sequence)`. Messages that fail decoding, or sit on another partition
+/// than their key hashes to among `partitions` (dead letters), are left out.
+pub fn trace_of(input: &[StreamRecord], partitions: u32) -> Result<String> {
     let mut lines: Vec<(i64, i32, u64, String)> = Vec::new();
     for r in input {
         let key = r.header(nats::KEY_HEADER).map(str::as_bytes);
@@ -252,6 +267,10 @@ pub fn trace_of(input: &[StreamRecord]) -> Result<String> {
             continue;
         }
         let partition = r.partition().context("input subject without a partition")?;
+        let owner = nats::partition_for_key(key.unwrap_or_default(), partitions);
+        if partition != owner {
+            continue; // dead-lettered as wrong_partition
+        }
         let mut obj: serde_json::Map<String, serde_json::Value> =
             serde_json::from_slice(&r.payload)?;
         obj.insert("ts".into(), r.timestamp_ms.into());

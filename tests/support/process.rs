@@ -464,13 +464,17 @@ pub fn tansu_bin(test: &str) -> Option<std::path::PathBuf> {
     found
 }
 
-/// A tansu broker of one test on its own loopback port, with in-memory storage (every start
-/// is an empty cluster, as after `docker compose down` of a broker without a volume). The
-/// command line is scripts/kafka.sh's. Killed when dropped.
+/// A tansu broker of one test on its own loopback port, with in-memory storage by default
+/// (every start is an empty cluster, as after `docker compose down` of a broker without a
+/// volume). The command line is scripts/kafka.sh's. Killed when dropped.
 pub struct Tansu {
     bin: std::path::PathBuf,
-    /// `127.0.0.1:PORT`.
+    /// `127.0.0.1:PORT`, where it listens.
     pub bootstrap: String,
+    /// `--advertised-listener-url` host:port (the bootstrap, unless a proxy fronts it).
+    advertised: String,
+    /// `--storage-engine` URL.
+    storage: String,
     log: std::path::PathBuf,
     child: Option<Child>,
 }
@@ -479,12 +483,38 @@ impl Tansu {
     /// Starts `bin` on a free loopback port, its output appended to `log`, and waits until
     /// it answers a metadata request.
     pub fn start(bin: &Path, log: &Path) -> Result<Tansu> {
+        Tansu::start_with(bin, log, "memory://tansu/", None, None)
+    }
+
+    /// A free loopback `127.0.0.1:PORT` to start a broker on.
+    pub fn free_addr() -> Result<String> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
+        Ok(format!("127.0.0.1:{port}"))
+    }
+
+    /// As [`Tansu::start`] with storage engine `storage` (`memory://tansu/`,
+    /// `sqlite://PATH`, `postgres://...`), listening on `listen` (`host:port`; `None`: a
+    /// free port) and, when given, telling clients to connect to `advertised` (`host:port`,
+    /// say a proxy in front of it; it must forward by the time the broker is up, since the
+    /// readiness probe follows the advertised address).
+    pub fn start_with(
+        bin: &Path,
+        log: &Path,
+        storage: &str,
+        listen: Option<&str>,
+        advertised: Option<&str>,
+    ) -> Result<Tansu> {
+        let bootstrap = match listen {
+            Some(a) => a.to_owned(),
+            None => Tansu::free_addr()?,
+        };
         let mut t = Tansu {
             bin: bin.to_owned(),
-            bootstrap: format!("127.0.0.1:{port}"),
+            advertised: advertised.map_or_else(|| bootstrap.clone(), str::to_owned),
+            bootstrap,
+            storage: storage.to_owned(),
             log: log.to_owned(),
             child: None,
         };
@@ -492,25 +522,31 @@ impl Tansu {
         Ok(t)
     }
 
-    /// Stops the broker (SIGKILL; its memory storage is gone) and starts it again on the
-    /// same port: an empty cluster.
+    /// Stops the broker (SIGKILL; with memory storage its data is gone) and starts it again
+    /// on the same port and storage.
     pub fn restart(&mut self) -> Result<()> {
         self.stop()?;
+        self.launch()
+    }
+
+    /// Starts the broker (not running) and waits until it answers.
+    pub fn launch(&mut self) -> Result<()> {
         let out = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&self.log)
             .with_context(|| format!("open {}", self.log.display()))?;
         let url = format!("tcp://{}", self.bootstrap);
+        let advertised = format!("tcp://{}", self.advertised);
         let child = Command::new(&self.bin)
             .args([
                 "broker",
                 "--listener-url",
                 &url,
                 "--advertised-listener-url",
-                &url,
+                &advertised,
             ])
-            .args(["--storage-engine", "memory://tansu/"])
+            .args(["--storage-engine", &self.storage])
             .stdin(Stdio::null())
             .stdout(Stdio::from(out.try_clone()?))
             .stderr(Stdio::from(out))

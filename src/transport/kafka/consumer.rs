@@ -102,11 +102,33 @@ impl ClientContext for GroupContext {
         log_line(level, fac, log_message);
     }
 
-    /// Every error event passes here first, partition EOF included (not a trouble).
+    /// Every error event passes here first, partition EOF included (not a trouble). A fatal
+    /// error (librdkafka cannot go on with this consumer: say, `FENCED_INSTANCE_ID`, another
+    /// live member joined with this `kafka.group-instance-id`) stops the source: `settle run`
+    /// exits with it rather than keep publishing for partitions it may no longer own.
     fn error(&self, error: KafkaError, reason: &str) {
-        if error.rdkafka_error_code() != Some(RDKafkaErrorCode::PartitionEOF) {
-            self.health.failed(&error, reason);
+        let code = error.rdkafka_error_code();
+        if code == Some(RDKafkaErrorCode::PartitionEOF) {
+            return;
         }
+        if matches!(
+            code,
+            Some(RDKafkaErrorCode::Fatal | RDKafkaErrorCode::FencedInstanceId)
+        ) {
+            let hint = if reason.contains("FENCED_INSTANCE_ID")
+                || code == Some(RDKafkaErrorCode::FencedInstanceId)
+            {
+                " (static membership: another instance joined the group with the same kafka.group-instance-id; give each instance its own)"
+            } else {
+                ""
+            };
+            tracing::error!(member = self.member, error = %error, reason, "kafka: fatal consumer error{hint}");
+            let _ = self.events.send(Err(Error::Fatal {
+                transport: TRANSPORT,
+                reason: format!("consumer: {reason}{hint}"),
+            }));
+        }
+        self.health.failed(&error, reason);
     }
 }
 

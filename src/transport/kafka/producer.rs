@@ -15,8 +15,9 @@ use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
-use std::sync::Arc;
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
+use rdkafka::ClientConfig;
+use std::sync::{Arc, RwLock};
 
 /// Context of the producer: logging and [`Health`] only.
 pub(super) struct ProducerContext {
@@ -39,7 +40,7 @@ impl ClientContext for ProducerContext {
 /// payload and timestamp and the `settle-dlq-*` headers. Cheap to clone (one producer).
 #[derive(Clone)]
 pub struct KafkaSink {
-    producer: FutureProducer<ProducerContext>,
+    producer: Renewable,
     health: Arc<Health>,
     input_topic: Arc<str>,
     dead_letter_topic: Arc<str>,
@@ -65,11 +66,7 @@ impl KafkaSink {
     /// Errors: [`Error::Fatal`] when librdkafka rejects the configuration.
     pub fn new(config: &KafkaConfig) -> Result<Self, Error> {
         let health = Arc::new(Health::new("producer"));
-        let producer = config
-            .client_config(Role::Producer)
-            .create_with_context(ProducerContext {
-                health: Arc::clone(&health),
-            })
+        let producer = Renewable::new(config.client_config(Role::Producer), Arc::clone(&health))
             .map_err(|e| Error::Fatal {
                 transport: TRANSPORT,
                 reason: format!("cannot create the Kafka producer: {e}"),
@@ -104,14 +101,111 @@ impl KafkaSink {
 
     /// Sends one record and waits for its delivery report.
     async fn deliver(&self, record: FutureRecord<'_, [u8], [u8]>) -> Result<(), Error> {
-        match self.producer.send(record, QUEUE_TIMEOUT).await {
+        let producer = self.producer.get();
+        match producer.send(record, QUEUE_TIMEOUT).await {
             Ok(_) => {
                 self.health.healthy();
                 Ok(())
             }
             Err((e, _)) => {
                 self.health.failed(&e, "delivery");
+                if self.producer.renew_if_fatal(&producer, &e) {
+                    // The caller retries the same message on the new producer.
+                    return Err(Error::Unavailable {
+                        transport: TRANSPORT,
+                        reason: format!("producer replaced after a fatal error: {e}"),
+                    });
+                }
                 Err(classify(&e))
+            }
+        }
+    }
+}
+
+/// The sink's idempotent producer, replaced by a new one when librdkafka reports a fatal
+/// error on it. An idempotent producer that hit one (say `PRODUCER_FENCED` or
+/// `OUT_OF_ORDER_SEQUENCE_NUMBER` after the broker went away and came back with its
+/// producer state changed) fails every later send; the outbox would retry it forever. The
+/// messages it still held are retried by their publishers on the new one, with the same
+/// `emission_id` (at-least-once, SEMANTICS §6). Cheap to clone (shared).
+#[derive(Clone)]
+struct Renewable {
+    current: Arc<RwLock<Arc<FutureProducer<ProducerContext>>>>,
+    config: ClientConfig,
+    health: Arc<Health>,
+}
+
+impl Renewable {
+    /// Creates the first producer of `config`.
+    ///
+    /// Errors: librdkafka rejects the configuration.
+    fn new(config: ClientConfig, health: Arc<Health>) -> Result<Self, KafkaError> {
+        let producer = Renewable::create(&config, &health)?;
+        Ok(Renewable {
+            current: Arc::new(RwLock::new(Arc::new(producer))),
+            config,
+            health,
+        })
+    }
+
+    fn create(
+        config: &ClientConfig,
+        health: &Arc<Health>,
+    ) -> Result<FutureProducer<ProducerContext>, KafkaError> {
+        config.create_with_context(ProducerContext {
+            health: Arc::clone(health),
+        })
+    }
+
+    /// The producer to send with now.
+    fn get(&self) -> Arc<FutureProducer<ProducerContext>> {
+        Arc::clone(&self.current.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// After a send on `used` failed with `error`: when `used` has a fatal error, or
+    /// `error` says the broker no longer accepts its producer id or epoch (its idempotence
+    /// state is gone: every later send would fail the same way), and `used` is still the
+    /// current producer, replaces it with a new one (logged). `true` when the current
+    /// producer is not `used` any more (replaced now or by another sender).
+    fn renew_if_fatal(
+        &self,
+        used: &Arc<FutureProducer<ProducerContext>>,
+        error: &KafkaError,
+    ) -> bool {
+        use rdkafka::types::RDKafkaErrorCode as C;
+        let dead_id = matches!(
+            error.rdkafka_error_code(),
+            Some(
+                C::ProducerFenced
+                    | C::InvalidProducerEpoch
+                    | C::OutOfOrderSequenceNumber
+                    | C::UnknownProducerId
+                    | C::InvalidProducerIdMapping
+            )
+        );
+        let Some((code, reason)) = used.client().fatal_error().or_else(|| {
+            dead_id.then(|| {
+                (
+                    error.rdkafka_error_code().unwrap_or(C::Fatal),
+                    error.to_string(),
+                )
+            })
+        }) else {
+            return false;
+        };
+        let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
+        if !Arc::ptr_eq(&current, used) {
+            return true;
+        }
+        match Renewable::create(&self.config, &self.health) {
+            Ok(fresh) => {
+                tracing::warn!(?code, reason, "kafka: the producer hit a fatal error; replaced it with a new one (unacknowledged emissions are published again, same emission_id)");
+                *current = Arc::new(fresh);
+                true
+            }
+            Err(e) => {
+                tracing::error!(?code, reason, error = %e, "kafka: the producer hit a fatal error and a new one cannot be created");
+                false
             }
         }
     }

@@ -3,6 +3,7 @@
 //! position and the acks held until durable, and the check at assignment that the stream
 //! reaches the offset the store holds (module docs of `crate::transport::nats`).
 
+use super::partition_for_key;
 use super::{
     ensure_streams, fatal, unavailable, JetStreamSettings, NatsConfig, CALL_TIMEOUT,
     IDLE_FETCH_INTERVAL, KEY_HEADER, MAX_FETCH, TRANSPORT,
@@ -442,6 +443,10 @@ impl PartitionInput for NatsInput {
 
     fn lag(&self) -> Option<u64> {
         self.lag
+    }
+
+    fn key_partition(&self, key: &[u8]) -> Option<i32> {
+        Some(partition_for_key(key, self.config.partitions))
     }
 
     async fn commit(&mut self, next_offset: i64) -> Result<(), Error> {
