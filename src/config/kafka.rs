@@ -380,7 +380,12 @@ mod tests {
             .client_config(Role::Consumer)
             .get("group.instance.id")
             .is_none());
-        assert_eq!(parse(r#"group-instance-id = """#).unwrap().group_instance_id(), None);
+        assert_eq!(
+            parse(r#"group-instance-id = """#)
+                .unwrap()
+                .group_instance_id(),
+            None
+        );
         let fixed = parse(r#"group-instance-id = "settle-0""#).unwrap();
         fixed.validate().unwrap();
         assert_eq!(

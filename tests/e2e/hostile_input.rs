@@ -13,7 +13,7 @@ use crate::process_support;
 
 use anyhow::{ensure, Context as _, Result};
 use kafka_support::{broker, by_id, emitted, fresh_topics, now_ms, reference, trace_of};
-use process_support::{settle, sigterm, start_run, wait_for_rounds};
+use process_support::{sigterm, start_run, wait_for_rounds};
 use settle::cli::loadgen::{self, OutRecord};
 use settle::codec::{self, DecodeError};
 use settle::config::Config;
@@ -317,28 +317,8 @@ fn every_malformed_record_kind_through_settle_run() -> Result<()> {
     }
 
     // Every ready record, as `settle consume` prints it, parses with serde_json and Python.
-    let printed = settle()
-        .args([
-            "consume",
-            "--bootstrap-servers",
-            &bootstrap,
-            "--topic",
-            &output,
-        ])
-        .args(["--from-beginning", "--exit-at-end"])
-        .stdout(Stdio::piped())
-        .output()
-        .context("settle consume")?;
-    ensure!(
-        printed.status.success(),
-        "settle consume: {}",
-        printed.status
-    );
-    let lines: Vec<&[u8]> = printed
-        .stdout
-        .split(|&b| b == b'\n')
-        .filter(|l| !l.is_empty())
-        .collect();
+    let printed = process_support::consume_topic(&bootstrap, &output)?;
+    let lines = process_support::lines_of(&printed);
     ensure!(
         lines.len() >= want.len(),
         "settle consume printed {} of {} records",
@@ -364,11 +344,7 @@ fn every_malformed_record_kind_through_settle_run() -> Result<()> {
         .stdout(Stdio::piped())
         .spawn()
         .context("python3")?;
-    python
-        .stdin
-        .take()
-        .context("stdin")?
-        .write_all(&printed.stdout)?;
+    python.stdin.take().context("stdin")?.write_all(&printed)?;
     let out = python.wait_with_output()?;
     ensure!(
         out.status.success(),
@@ -383,28 +359,8 @@ fn every_malformed_record_kind_through_settle_run() -> Result<()> {
     );
 
     // The dead letters can be read back too (their values are printed as JSON strings).
-    let dl = settle()
-        .args([
-            "consume",
-            "--bootstrap-servers",
-            &bootstrap,
-            "--topic",
-            &kafka.dead_letter_topic,
-        ])
-        .args(["--from-beginning", "--exit-at-end"])
-        .stdout(Stdio::piped())
-        .output()
-        .context("settle consume of the dead letters")?;
-    ensure!(
-        dl.status.success(),
-        "settle consume of the dead letters: {}",
-        dl.status
-    );
-    let dl_lines = dl
-        .stdout
-        .split(|&b| b == b'\n')
-        .filter(|l| !l.is_empty())
-        .count();
+    let dl = process_support::consume_topic(&bootstrap, &kafka.dead_letter_topic)?;
+    let dl_lines = process_support::lines_of(&dl).len();
     ensure!(
         dl_lines == dlq.len(),
         "settle consume printed {dl_lines} of {} dead letters",

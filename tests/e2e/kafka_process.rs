@@ -147,28 +147,8 @@ fn kafka_loadgen_run_sigkill_restart_sigterm() -> Result<()> {
     same_emissions(&by_id(distinct.into_values().collect()), &want)?;
 
     // `settle consume` prints the same records, one JSON line each.
-    let printed = settle()
-        .args([
-            "consume",
-            "--bootstrap-servers",
-            &bootstrap,
-            "--topic",
-            &output,
-        ])
-        .args(["--from-beginning", "--exit-at-end"])
-        .stdout(Stdio::piped())
-        .output()
-        .context("settle consume")?;
-    ensure!(
-        printed.status.success(),
-        "settle consume: {}",
-        printed.status
-    );
-    let lines: Vec<&[u8]> = printed
-        .stdout
-        .split(|&b| b == b'\n')
-        .filter(|l| !l.is_empty())
-        .collect();
+    let printed = process_support::consume_topic(&bootstrap, &output)?;
+    let lines = process_support::lines_of(&printed);
     ensure!(
         lines.len() == count.values().sum::<usize>(),
         "settle consume printed {} records, the topic holds {}",

@@ -23,6 +23,36 @@ pub fn settle() -> Command {
     c
 }
 
+/// `settle consume --from-beginning --exit-at-end` of `topic` on `bootstrap`: its stdout
+/// (one line per record); fails when it exits non-zero.
+pub fn consume_topic(bootstrap: &str, topic: &str) -> Result<Vec<u8>> {
+    let printed = settle()
+        .args([
+            "consume",
+            "--bootstrap-servers",
+            bootstrap,
+            "--topic",
+            topic,
+        ])
+        .args(["--from-beginning", "--exit-at-end"])
+        .stdout(Stdio::piped())
+        .output()
+        .context("settle consume")?;
+    ensure!(
+        printed.status.success(),
+        "settle consume of {topic}: {}",
+        printed.status
+    );
+    Ok(printed.stdout)
+}
+
+/// The non-empty lines of `text`.
+pub fn lines_of(text: &[u8]) -> Vec<&[u8]> {
+    text.split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
 /// Starts `settle run --config CONFIG EXTRA...`, logging at `SETTLE_TEST_RUN_LOG` (default
 /// `warn`).
 pub fn start_run(config: &Path, extra: &[&str]) -> Result<Child> {
