@@ -99,6 +99,8 @@ partitions = {partitions}
 consumer-prefix = "{consumers}"
 dead-letter-subject = "{dlq}"
 output-stream = "{output}"
+changelog-stream = "BENCH_{id}_CL"
+changelog-subject-prefix = "bench{id}.changelog"
 [tiers]
 events-topic = "bench{id}.tier-events"
 [[tiers.tier]]
@@ -191,6 +193,9 @@ topic = "bench{id}.ready.limited"
     rt.block_on(async {
         for s in [&n.input_stream, &n.output_stream] {
             let _ = js.delete_stream(s).await;
+        }
+        for p in 0..partitions as i32 {
+            let _ = js.delete_stream(format!("BENCH_{id}_CL-{p}")).await;
         }
     });
     println!(

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command of settle (CI runs exactly this, through .ci/run).
 #
-#   scripts/test.sh [--quick] [--no-services] [--keep-services] [-- CARGO_TEST_ARGS...]
+#   scripts/test.sh [--quick] [--no-services] [--keep-services] [--fuzz] [-- CARGO_TEST_ARGS...]
 #
 # Steps: system packages and toolchain (scripts/setup.sh) -> the deploy files checked
 # statically (scripts/check-deploy.sh: compose, Kubernetes, Prometheus, Grafana; no build) ->
@@ -21,6 +21,9 @@
 #   --no-services     start no broker; SETTLE_TEST_KAFKA / SETTLE_TEST_NATS are left as the
 #                     caller set them (point them at your own brokers, or leave them unset)
 #   --keep-services   leave the brokers this run started running afterwards
+#   --fuzz            also fuzz the input side for about a minute after the tests
+#                     (scripts/fuzz.sh --seconds 20: three targets, 20 s each; its first run
+#                     installs cargo-fuzz and builds the fuzz crate, a few minutes)
 #   -- ARGS           passed to the test binaries of both cargo test runs, e.g. a name
 #                     filter (a test of tests/offline or tests/e2e is named
 #                     FILE::TEST, FILE its file's name):
@@ -38,19 +41,21 @@ cd "$ROOT"
 QUICK=0
 SERVICES=1
 KEEP_SERVICES=0
+FUZZ=0
 CARGO_TEST_ARGS=()
 while [ "$#" -gt 0 ]; do
     case "$1" in
     --quick) QUICK=1 ;;
     --no-services) SERVICES=0 ;;
     --keep-services) KEEP_SERVICES=1 ;;
+    --fuzz) FUZZ=1 ;;
     --)
         shift
         CARGO_TEST_ARGS=("$@")
         break
         ;;
     -h | --help)
-        sed -n '2,31p' "$ROOT/scripts/test.sh" | sed 's/^# \{0,1\}//'
+        sed -n '2,34p' "$ROOT/scripts/test.sh" | sed 's/^# \{0,1\}//'
         exit 0
         ;;
     *) die "unknown option: $1 (try --help)" ;;
@@ -210,4 +215,8 @@ if step build cargo test --all-targets --no-run; then
 else
     skip test "build failed"
     skip doctest "build failed"
+fi
+
+if [ "$FUZZ" -eq 1 ]; then
+    step fuzz bash scripts/fuzz.sh --seconds 20 || true
 fi

@@ -497,6 +497,11 @@ impl<'de> Wire<'de> {
                             "field `attributes` has a lone surrogate escape \\u{unit:04X} (it names no character; strict JSON parsers reject it)"
                         )))
                     }
+                    Err(Scan::NumberOutOfRange(number)) => {
+                        return Err(DecodeError::InvalidJson(format!(
+                            "field `attributes` has the number {number} beyond the range of a double (JSON parsers such as serde_json reject it)"
+                        )))
+                    }
                 }
                 Some(raw)
             }
@@ -711,11 +716,16 @@ enum Scan {
     /// A `\uXXXX` escape of a UTF-16 surrogate without its other half (the code unit).
     /// serde_json and other strict parsers reject such text; it names no character.
     LoneSurrogate(u16),
+    /// A number beyond the range of a double (`1e400`, or an integer of more than 308
+    /// digits): serde_json refuses to parse it into a value ("number out of range").
+    NumberOutOfRange(String),
 }
 
 /// One pass over JSON text already known to be well-formed apart from escapes (captured by
 /// serde_json as a raw value, which does not check that `\u` surrogates pair up): the
-/// nesting depth against `limit` and every `\u` escape. No recursion.
+/// nesting depth against `limit`, every `\u` escape, and that every number fits a double
+/// (found by fuzzing: `{"a":5e308}` was accepted and emitted, and serde_json consumers cannot
+/// parse the ready record). No recursion.
 fn scan_json(text: &str, limit: usize) -> Result<(), Scan> {
     let b = text.as_bytes();
     let hex = |at: usize| -> Option<u16> {
@@ -760,6 +770,19 @@ fn scan_json(text: &str, limit: usize) -> Result<(), Scan> {
                 }
             }
             b'}' | b']' => depth = depth.saturating_sub(1),
+            b'-' | b'0'..=b'9' => {
+                let start = i - 1;
+                while i < b.len() && matches!(b[i], b'0'..=b'9' | b'.' | b'e' | b'E' | b'+' | b'-') {
+                    i += 1;
+                }
+                let number = &text[start..i];
+                // Only an exponent or a very long literal can leave a double's range.
+                let suspect = number.len() > 300 || number.bytes().any(|c| c == b'e' || c == b'E');
+                if suspect && !number.parse::<f64>().is_ok_and(f64::is_finite) {
+                    let shown: String = number.chars().take(40).collect();
+                    return Err(Scan::NumberOutOfRange(shown));
+                }
+            }
             _ => {}
         }
     }
@@ -1589,6 +1612,20 @@ mod tests {
             scan_json(r#"{"a":"\ud83d\u0041"}"#, 4),
             Err(Scan::LoneSurrogate(0xD83D))
         );
+        assert_eq!(scan_json(r#"{"a":[1e308,-1.5E-400,-0,12]}"#, 4), Ok(()));
+        assert_eq!(
+            scan_json(r#"{"a":5e308}"#, 4),
+            Err(Scan::NumberOutOfRange("5e308".into()))
+        );
+        assert_eq!(
+            scan_json(r#"{"a":-1E+309}"#, 4),
+            Err(Scan::NumberOutOfRange("-1E+309".into()))
+        );
+        assert_eq!(scan_json(r#"{"a":"5e308"}"#, 4), Ok(()), "inside a string");
+        let huge = format!(r#"{{"a":{}}}"#, "9".repeat(400));
+        assert!(matches!(scan_json(&huge, 4), Err(Scan::NumberOutOfRange(_))));
+        let big = decode(r#"{"tenant":"a","session":"s","attributes":{"k":1e999}}"#);
+        assert_eq!(big.unwrap_err().reason(), "invalid_json");
         let lone = decode(r#"{"tenant":"a","session":"s","attributes":{"k":"\udfff"}}"#);
         assert_eq!(lone.unwrap_err().reason(), "invalid_json");
         assert!(!too_deep("{}", 1));

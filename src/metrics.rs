@@ -82,6 +82,10 @@ pub const CLOCK_BEHIND: &str = "settle_partition_clock_behind_seconds";
 /// partition processes input (0: nothing to restore), an estimate from the changelog's end
 /// offset.
 pub const RESTORE_REMAINING: &str = "settle_restore_remaining_records";
+/// Counter `{topic, partition}`: times a partition of this process stopped because another
+/// process wrote its changelog after this one (NATS: the changelog is the fence, SEMANTICS §6
+/// "Single writer"); the partition publishes, appends and acks nothing more here.
+pub const PARTITIONS_FENCED: &str = "settle_partitions_fenced_total";
 /// Gauge `{state}`: partitions of this process by life-cycle state.
 pub const PARTITIONS: &str = "settle_partitions";
 /// Counter `{reason}`: tier changes (SEMANTICS §5): `rate_exceeded` (demotion) or
@@ -178,6 +182,7 @@ struct Inner {
     consumer_lag: IntGaugeVec,
     clock_behind: GaugeVec,
     restore_remaining: IntGaugeVec,
+    partitions_fenced: IntCounterVec,
     partitions: IntGaugeVec,
     tier_changes: IntCounterVec,
     tenants_tracked: IntGauge,
@@ -322,6 +327,11 @@ impl Metrics {
             "Changelog records still to replay before the partition processes input (0: nothing to restore).",
             TOPIC_PARTITION,
         );
+        let partitions_fenced = b.counter(
+            PARTITIONS_FENCED,
+            "Times a partition stopped because another process wrote its changelog after this one (NATS fence).",
+            TOPIC_PARTITION,
+        );
         let partitions = b.gauge(
             PARTITIONS,
             "Partitions of this process by state (starting, catching_up, live, stopping, stopped, failed).",
@@ -376,6 +386,7 @@ impl Metrics {
                 consumer_lag,
                 clock_behind,
                 restore_remaining,
+                partitions_fenced,
                 partitions,
                 tier_changes,
                 tenants_tracked,
@@ -523,6 +534,15 @@ impl PartitionMetrics {
     /// `n` input records were applied (their store batch committed).
     pub fn consumed(&self, n: u64) {
         self.consumed.inc_by(n);
+    }
+
+    /// The partition was fenced: another process wrote its changelog after this one.
+    pub fn fenced(&self) {
+        self.metrics
+            .inner
+            .partitions_fenced
+            .with_label_values(&[self.topic.as_str(), self.partition.as_str()])
+            .inc();
     }
 
     /// `n` input records were read and dropped below the partition's next offset

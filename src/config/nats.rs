@@ -114,6 +114,16 @@ pub struct NatsConfig {
     /// `max-ack-pending`: most uploads delivered and not yet acked per partition
     /// (default 100 000; 1 000 – 10 000 000).
     pub max_ack_pending: u32,
+    /// `changelog-stream`: name prefix of the changelog streams (ARCHITECTURE "changelog",
+    /// `transport::nats::changelog`): partition `p`'s store writes go to stream
+    /// `<changelog-stream>-<p>`, compacted per key (`max-msgs-per-subject = 1`), which also
+    /// fences a second writer of the partition. Default `SETTLE_CHANGELOG`; `""` turns the
+    /// changelog off (a partition's pending rounds then stay on the instance that owned it,
+    /// and two instances given one index both emit).
+    pub changelog_stream: String,
+    /// `changelog-subject-prefix`: partition `p`'s changelog records are on subjects
+    /// `<prefix>.<p>.<hex of the record key>` (default `settle.changelog`).
+    pub changelog_subject_prefix: String,
 }
 
 impl Default for NatsConfig {
@@ -142,6 +152,8 @@ impl Default for NatsConfig {
             duplicate_window: Duration::from_secs(300),
             ack_wait: Duration::from_secs(300),
             max_ack_pending: 100_000,
+            changelog_stream: "SETTLE_CHANGELOG".to_owned(),
+            changelog_subject_prefix: "settle.changelog".to_owned(),
         }
     }
 }
@@ -310,7 +322,58 @@ impl NatsConfig {
             self.max_ack_pending.into(),
             1_000,
             10_000_000,
-        )
+        )?;
+        if self.changelog().is_some() {
+            check_name(
+                "nats.changelog-stream",
+                &self.changelog_stream_name(self.partitions as i32),
+            )?;
+            for (key, other) in [
+                ("nats.input-stream", &self.input_stream),
+                ("nats.output-stream", &self.output_stream),
+            ] {
+                if (0..self.partitions as i32).any(|p| self.changelog_stream_name(p) == *other) {
+                    return Err(KeyError::new(
+                        "nats.changelog-stream",
+                        format!("its streams <name>-<partition> must not be {key} ({other:?})"),
+                    ));
+                }
+            }
+            check_subject(
+                "nats.changelog-subject-prefix",
+                &self.changelog_subject_prefix,
+            )?;
+            for (key, subject) in [
+                ("nats.input-subject-prefix", &self.input_subject_prefix),
+                ("nats.dead-letter-subject", &self.dead_letter_subject),
+            ] {
+                if subjects_overlap(&self.changelog_subject_prefix, subject) {
+                    return Err(KeyError::new(
+                        "nats.changelog-subject-prefix",
+                        format!(
+                            "{:?} overlaps {key} ({subject:?}): changelog subjects must be apart",
+                            self.changelog_subject_prefix
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The changelog stream prefix, `None` when `changelog-stream` is `""` (off).
+    pub fn changelog(&self) -> Option<&str> {
+        (!self.changelog_stream.is_empty()).then_some(self.changelog_stream.as_str())
+    }
+
+    /// The changelog stream of partition `partition`: `<changelog-stream>-<partition>`.
+    pub fn changelog_stream_name(&self, partition: i32) -> String {
+        format!("{}-{partition}", self.changelog_stream)
+    }
+
+    /// The subjects of partition `partition`'s changelog stream: `<prefix>.<partition>.*`.
+    pub fn changelog_subjects(&self, partition: i32) -> String {
+        format!("{}.{partition}.*", self.changelog_subject_prefix)
     }
 
     /// Checks what `[nats]` needs of `[tiers]`: every tier topic and the events topic are
@@ -332,6 +395,17 @@ impl NatsConfig {
                     format!(
                         "{subject:?} is an input subject ({}.*): output subjects must be apart",
                         self.input_subject_prefix
+                    ),
+                ));
+            }
+            if self.changelog().is_some()
+                && subjects_overlap(&self.changelog_subject_prefix, subject)
+            {
+                return Err(KeyError::new(
+                    key.clone(),
+                    format!(
+                        "{subject:?} overlaps nats.changelog-subject-prefix ({:?}): output subjects must be apart",
+                        self.changelog_subject_prefix
                     ),
                 ));
             }
@@ -402,6 +476,12 @@ pub fn owned_partitions(partitions: u32, instance: u32, instances: u32) -> Vec<i
         .collect()
 }
 
+/// Whether subject prefix `a` and subject `b` share subjects: equal, or one is the other's
+/// leading tokens (`settle.changelog` and `settle.changelog.3.ab`).
+fn subjects_overlap(a: &str, b: &str) -> bool {
+    a == b || a.starts_with(&format!("{b}.")) || b.starts_with(&format!("{a}."))
+}
+
 /// Whether NATS subject `subject` matches `pattern` (tokens, `*` one token, `>` the rest).
 pub fn subject_matches(pattern: &str, subject: &str) -> bool {
     let mut p = pattern.split('.');
@@ -446,6 +526,63 @@ mod tests {
         assert!(
             parse("server = \"x\"").is_err(),
             "unknown keys are rejected"
+        );
+    }
+
+    #[test]
+    fn changelog_names_are_checked_and_apart() {
+        let c = NatsConfig::default();
+        assert_eq!(c.changelog(), Some("SETTLE_CHANGELOG"));
+        assert_eq!(c.changelog_stream_name(3), "SETTLE_CHANGELOG-3");
+        assert_eq!(c.changelog_subjects(3), "settle.changelog.3.*");
+        let off = NatsConfig {
+            changelog_stream: String::new(),
+            changelog_subject_prefix: "settle.uploads".into(),
+            ..NatsConfig::default()
+        };
+        assert_eq!(off.changelog(), None);
+        assert!(off.validate().is_ok(), "off: the prefix is not used");
+        let key = |c: NatsConfig| c.validate().unwrap_err().key;
+        for prefix in [
+            "settle.uploads",
+            "settle.uploads.x",
+            "settle",
+            "settle.dead-letter",
+        ] {
+            assert_eq!(
+                key(NatsConfig {
+                    changelog_subject_prefix: prefix.into(),
+                    ..NatsConfig::default()
+                }),
+                "nats.changelog-subject-prefix",
+                "{prefix}"
+            );
+        }
+        assert_eq!(
+            key(NatsConfig {
+                changelog_stream: "bad name".into(),
+                ..NatsConfig::default()
+            }),
+            "nats.changelog-stream"
+        );
+        assert_eq!(
+            key(NatsConfig {
+                changelog_stream: "SETTLE".into(),
+                input_stream: "SETTLE-1".into(),
+                ..NatsConfig::default()
+            }),
+            "nats.changelog-stream"
+        );
+        let tiers = TiersConfig {
+            events_topic: "settle.changelog.events".into(),
+            ..TiersConfig::default()
+        };
+        assert_eq!(
+            NatsConfig::default()
+                .check_output_subjects(&tiers)
+                .unwrap_err()
+                .key,
+            "tiers.events-topic"
         );
     }
 

@@ -247,6 +247,7 @@ pub async fn run<I: PartitionInput, K: Sink, C: Clock>(
         entries: Some(entries_tx),
         acks: acks_rx,
         uncommitted: None,
+        committable: None,
         committed_at: Instant::now(),
         flushed_at: Instant::now(),
         flushed_offset: store.stored_offset(),
@@ -256,9 +257,13 @@ pub async fn run<I: PartitionInput, K: Sink, C: Clock>(
         warn: Warnings::default(),
         changelog: Changelog {
             enabled: changelog && txn.is_none(),
+            gate: changelog && txn.is_none() && ctx.sink.fences_by_changelog(),
             acks: VecDeque::new(),
             acked: None,
             synced_at: Instant::now(),
+            // What the store holds at start is in the changelog (restored from it, or
+            // appended again by the restore and claimed).
+            publishable_below: store.durable_outbox_seq(),
         },
         fence,
         txn,
@@ -303,8 +308,11 @@ struct Task<I, K, C> {
     entries: Option<mpsc::Sender<store::OutboxEntry>>,
     acks: mpsc::UnboundedReceiver<u64>,
     status: PartitionStatus,
-    /// Next offset durable in the store and not yet committed to the source.
+    /// Next offset durable in the store (gated: and in an acknowledged changelog append)
+    /// and not yet committed to the source.
     uncommitted: Option<i64>,
+    /// Gated changelog: the input offset of the last acknowledged append.
+    committable: Option<i64>,
     /// When the source was last asked to commit.
     committed_at: Instant,
     /// When the store last flushed (write-behind).
@@ -328,12 +336,28 @@ struct Task<I, K, C> {
 struct Changelog {
     /// The sink has a changelog: store writes are recorded and appended.
     enabled: bool,
+    /// The changelog is the ownership fence ([`Sink::fences_by_changelog`], NATS): an
+    /// emission is handed to the publisher, and an input offset committed, only once the
+    /// append that holds it is acknowledged (a fenced process's last appends are refused,
+    /// so nothing it applied after the fence becomes visible or acked).
+    gate: bool,
     /// Appends not acknowledged yet, in append order.
-    acks: VecDeque<BoxFuture<'static, Result<i64, transport::Error>>>,
+    acks: VecDeque<Append>,
     /// Changelog offset after the last acknowledged append.
     acked: Option<i64>,
     /// When the store's checkpoint was last written.
     synced_at: Instant,
+    /// `gate`: outbox sequence numbers below this are in an acknowledged append.
+    publishable_below: u64,
+}
+
+/// One changelog append in flight and what its acknowledgement makes safe (`Changelog::gate`).
+struct Append {
+    ack: BoxFuture<'static, Result<i64, transport::Error>>,
+    /// The store's durable outbox sequence when the append was made: entries below it are in it.
+    outbox_below: u64,
+    /// The store's durable input offset when the append was made.
+    offset: Option<i64>,
 }
 
 /// One log throttle per warning the task's loops can repeat.
@@ -406,9 +430,10 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
                 tokio::select! {
                     () = cancel.cancelled() => return Ok(()),
                     () = tokio::time::sleep(self.ctx.settings.idle_tick) => {}
-                    r = self.changelog.acks.front_mut().expect("len checked") => {
-                        self.changelog.acks.pop_front();
-                        self.changelog.acked = Some(r.map_err(|e| format!("changelog: {e}"))?);
+                    r = &mut self.changelog.acks.front_mut().expect("len checked").ack => {
+                        let done = self.changelog.acks.pop_front().expect("len checked");
+                        let next = r.map_err(|e| self.changelog_failed(&e))?;
+                        self.appended(next, &done);
                     }
                 }
                 continue;
@@ -520,7 +545,9 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
         let durable = self.store.stored_offset();
         if durable != self.flushed_offset {
             self.flushed_offset = durable;
-            self.uncommitted = durable;
+            if !self.changelog.gate {
+                self.uncommitted = durable;
+            }
         }
         Ok(true)
     }
@@ -748,18 +775,17 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
     /// Errors: a failed append (fatal for the partition: the changelog holds a prefix of
     /// this store's writes, which the next owner restores).
     fn ship_changes(&mut self) -> Result<(), String> {
-        let cl = &mut self.changelog;
-        if !cl.enabled {
+        if !self.changelog.enabled {
             return Ok(());
         }
         let changes = self.store.take_changes();
-        while let Some(front) = cl.acks.front_mut() {
-            match front.now_or_never() {
+        while let Some(front) = self.changelog.acks.front_mut() {
+            match (&mut front.ack).now_or_never() {
                 Some(Ok(next)) => {
-                    cl.acks.pop_front();
-                    cl.acked = Some(next);
+                    let done = self.changelog.acks.pop_front().expect("front checked");
+                    self.appended(next, &done);
                 }
-                Some(Err(e)) => return Err(format!("changelog: {e}")),
+                Some(Err(e)) => return Err(self.changelog_failed(&e)),
                 None => break,
             }
         }
@@ -770,9 +796,42 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
             .ctx
             .sink
             .append_changes(self.status.partition, &changes)
-            .map_err(|e| format!("changelog: {e}"))?;
-        cl.acks.push_back(ack);
+            .map_err(|e| self.changelog_failed(&e))?;
+        self.changelog.acks.push_back(Append {
+            ack,
+            outbox_below: self.store.durable_outbox_seq(),
+            offset: self.flushed_offset,
+        });
         Ok(())
+    }
+
+    /// The text a failed changelog append stops the partition with; a fence is logged as such
+    /// and counted (`settle_partitions_fenced_total`): the partition belongs to another
+    /// process now.
+    fn changelog_failed(&self, e: &transport::Error) -> String {
+        if matches!(e, transport::Error::Fenced { .. }) {
+            self.metrics.fenced();
+            tracing::error!(
+                partition = self.partition(),
+                error = %e,
+                "partition fenced by its changelog: this instance stops publishing, appending and acking input for it; the other owner continues it"
+            );
+        }
+        format!("changelog: {e}")
+    }
+
+    /// An append was acknowledged: its offset is the changelog's, and (gated) the emissions
+    /// and the input offset it holds may be published and committed now.
+    fn appended(&mut self, next: i64, done: &Append) {
+        self.changelog.acked = Some(next);
+        if self.changelog.gate {
+            let cl = &mut self.changelog;
+            cl.publishable_below = cl.publishable_below.max(done.outbox_below);
+            if done.offset.is_some() && done.offset != self.committable {
+                self.committable = done.offset;
+                self.uncommitted = done.offset;
+            }
+        }
     }
 
     /// Exactly-once: commits what the last store write did in one transaction: every owed
@@ -848,12 +907,12 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
             if !self.fence.owned() {
                 break;
             }
-            match tokio::time::timeout_at(deadline, front).await {
+            match tokio::time::timeout_at(deadline, &mut front.ack).await {
                 Ok(Ok(next)) => {
-                    self.changelog.acks.pop_front();
-                    self.changelog.acked = Some(next);
+                    let done = self.changelog.acks.pop_front().expect("front checked");
+                    self.appended(next, &done);
                 }
-                Ok(Err(e)) => return Err(format!("changelog: {e}")),
+                Ok(Err(e)) => return Err(self.changelog_failed(&e)),
                 Err(_) => {
                     tracing::warn!(
                         partition = self.partition(),
@@ -892,7 +951,16 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
         if room == 0 || self.store.outbox_len() <= self.in_flight {
             return Ok(());
         }
+        let below = if self.changelog.gate {
+            self.changelog.publishable_below
+        } else {
+            u64::MAX
+        };
         for entry in self.store.outbox_peek_from(self.publish_from, room)? {
+            if entry.seq >= below {
+                // Not in an acknowledged changelog append yet (`Changelog::gate`).
+                break;
+            }
             self.publish_from = entry.seq + 1;
             // Room was checked and only this task sends, so `try_send` fails only if the
             // publisher is gone (aborted at stop); the entry stays in the outbox then.
@@ -964,6 +1032,7 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
     async fn finish(&mut self) -> PartitionExit {
         // What the last steps committed to memory becomes durable (and, exactly-once, one
         // last transaction) before the offset is committed.
+        let deadline = Instant::now() + self.ctx.settings.flush_timeout;
         if self.fence.owned() {
             if let Err(e) = self.flush_if_due(true) {
                 return PartitionExit::Failed(fatal(e));
@@ -974,9 +1043,15 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
                     return PartitionExit::Failed(reason);
                 }
             }
+            if self.changelog.gate {
+                // The last writes into the changelog first: only then may their emissions be
+                // published and their input acked.
+                if let Err(reason) = self.drain_changelog(deadline).await {
+                    return PartitionExit::Failed(reason);
+                }
+            }
         }
         self.commit_offset().await;
-        let deadline = Instant::now() + self.ctx.settings.flush_timeout;
         loop {
             if !self.fence.owned() {
                 // Lost, not handed back: the next owner publishes what is owed.

@@ -30,10 +30,14 @@ use super::status::{PartitionState, StatusBoard};
 use super::throttle::LogThrottle;
 use crate::engine::Engine;
 use crate::store::{changelog::writer_of, MemoryBudget, PartitionStore, StoreOptions};
-use crate::transport::{Backoff, ChangelogReader, Sink};
+use crate::transport::{Backoff, ChangelogReader, Error, Sink};
 use std::path::Path;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+
+/// How often a restore claims the partition again after another writer appended during it
+/// (`Sink::fences_by_changelog`) before the partition fails.
+pub const MAX_CLAIMS: u32 = 20;
 
 /// Changelog records applied per RocksDB write during a restore.
 pub const RESTORE_CHUNK: usize = 10_000;
@@ -107,6 +111,7 @@ pub async fn open_and_restore<K: Sink>(
         else {
             return Ok(None);
         };
+        let mut seeded = None;
         if foreign == 0 {
             let snapshot = store
                 .snapshot_changes()
@@ -114,11 +119,21 @@ pub async fn open_and_restore<K: Sink>(
             let ack = sink
                 .append_changes(partition, &snapshot)
                 .map_err(|e| format!("changelog: {e}"))?;
-            let next = ack.await.map_err(|e| format!("changelog: {e}"))?;
+            match ack.await {
+                Ok(next) => seeded = Some((next, snapshot.len())),
+                // With the changelog as the fence: somebody appended since the read above, so
+                // another writer is there after all (wiped below).
+                Err(e @ Error::Fenced { .. }) => {
+                    tracing::warn!(partition, changelog = %topic, error = %e, "another instance appended to the changelog during the restore");
+                }
+                Err(e) => return Err(format!("changelog: {e}")),
+            }
+        }
+        if let Some((next, records)) = seeded {
             store
                 .changelog_synced(next)
                 .map_err(|e| format!("partition store: {e}"))?;
-            report.seeded = snapshot.len() as u64;
+            report.seeded = records as u64;
             report.elapsed_ms = started.elapsed().as_millis() as u64;
             tracing::info!(
                 partition,
@@ -127,6 +142,10 @@ pub async fn open_and_restore<K: Sink>(
                 elapsed_ms = report.elapsed_ms,
                 "the store holds writes the changelog may lack and nobody else wrote the changelog since: store kept, its state written to the changelog again"
             );
+            if sink.fences_by_changelog() {
+                // That append was expected right after the records read: it is the claim.
+                tracing::info!(partition, changelog = %topic, next, "partition claimed in its changelog: an earlier writer still running is fenced at its next append");
+            }
             return Ok(Some((store, report)));
         }
         tracing::warn!(
@@ -149,52 +168,85 @@ pub async fn open_and_restore<K: Sink>(
     let mut warn = LogThrottle::default();
     let mut logged_at = Instant::now();
     let from_start = store.changelog_checkpoint().unwrap_or(0);
-    'reopen: loop {
-        let from = store.changelog_checkpoint().unwrap_or(0);
-        let Some(mut reader) = open_reader(sink, partition, from, status, cancel).await? else {
-            return Ok(None);
-        };
-        loop {
-            let chunk = tokio::select! {
-                () = cancel.cancelled() => return Ok(None),
-                c = reader.next_chunk(RESTORE_CHUNK) => c,
+    let mut claims = 0u32;
+    'claim: loop {
+        'reopen: loop {
+            let from = store.changelog_checkpoint().unwrap_or(0);
+            let Some(mut reader) = open_reader(sink, partition, from, status, cancel).await? else {
+                return Ok(None);
             };
-            let chunk = match chunk {
-                Ok(c) => c,
-                Err(e) if e.is_retryable() => {
-                    if let Some(suppressed) = warn.allow() {
-                        tracing::warn!(partition, error = %e, suppressed, "changelog read failed; retrying from the last applied record (logged at most every 10 s)");
+            loop {
+                let chunk = tokio::select! {
+                    () = cancel.cancelled() => return Ok(None),
+                    c = reader.next_chunk(RESTORE_CHUNK) => c,
+                };
+                let chunk = match chunk {
+                    Ok(c) => c,
+                    Err(e) if e.is_retryable() => {
+                        if let Some(suppressed) = warn.allow() {
+                            tracing::warn!(partition, error = %e, suppressed, "changelog read failed; retrying from the last applied record (logged at most every 10 s)");
+                        }
+                        tokio::select! {
+                            () = cancel.cancelled() => return Ok(None),
+                            () = tokio::time::sleep(backoff.next_delay()) => {}
+                        }
+                        continue 'reopen;
                     }
-                    tokio::select! {
-                        () = cancel.cancelled() => return Ok(None),
-                        () = tokio::time::sleep(backoff.next_delay()) => {}
-                    }
-                    continue 'reopen;
+                    Err(e) => return Err(format!("changelog: {e}")),
+                };
+                let Some(&(last, _)) = chunk.last() else {
+                    break 'reopen;
+                };
+                backoff.reset();
+                let n = store
+                    .restore(chunk.iter().map(|(o, c)| (*o, c)))
+                    .map_err(|e| format!("partition store: restoring from the changelog: {e}"))?;
+                report.records += n as u64;
+                let remaining = reader
+                    .end_hint()
+                    .map_or(0, |end| end.saturating_sub(last + 1).max(0) as u64);
+                status.update(partition, |s| s.restore_remaining = remaining);
+                if logged_at.elapsed() >= PROGRESS_EVERY {
+                    logged_at = Instant::now();
+                    tracing::info!(
+                        partition,
+                        changelog = %topic,
+                        restored = report.records,
+                        remaining,
+                        "restoring the partition store from the changelog"
+                    );
                 }
-                Err(e) => return Err(format!("changelog: {e}")),
-            };
-            let Some(&(last, _)) = chunk.last() else {
-                break 'reopen;
-            };
-            backoff.reset();
-            let n = store
-                .restore(chunk.iter().map(|(o, c)| (*o, c)))
-                .map_err(|e| format!("partition store: restoring from the changelog: {e}"))?;
-            report.records += n as u64;
-            let remaining = reader
-                .end_hint()
-                .map_or(0, |end| end.saturating_sub(last + 1).max(0) as u64);
-            status.update(partition, |s| s.restore_remaining = remaining);
-            if logged_at.elapsed() >= PROGRESS_EVERY {
-                logged_at = Instant::now();
-                tracing::info!(
-                    partition,
-                    changelog = %topic,
-                    restored = report.records,
-                    remaining,
-                    "restoring the partition store from the changelog"
-                );
             }
+        }
+        if !sink.fences_by_changelog() {
+            break 'claim;
+        }
+        // The changelog is the fence: this process owns the partition once its claim (its writer
+        // record, expected right after the last record read) is in; a writer that appended
+        // after the read makes the claim fail, and the restore reads on and claims again.
+        let claim = store
+            .claim_change()
+            .map_err(|e| format!("partition store: {e}"))?;
+        let ack = sink
+            .append_changes(partition, &[claim])
+            .map_err(|e| format!("changelog: {e}"))?;
+        match ack.await {
+            Ok(next) => {
+                store
+                    .changelog_synced(next)
+                    .map_err(|e| format!("partition store: {e}"))?;
+                tracing::info!(partition, changelog = %topic, next, "partition claimed in its changelog: an earlier writer still running is fenced at its next append");
+                break 'claim;
+            }
+            Err(e @ Error::Fenced { .. }) if claims < MAX_CLAIMS => {
+                claims += 1;
+                tracing::info!(partition, changelog = %topic, error = %e, attempt = claims, "another writer appended during the restore; reading its records and claiming again");
+                tokio::select! {
+                    () = cancel.cancelled() => return Ok(None),
+                    () = tokio::time::sleep(Duration::from_millis(50 * u64::from(claims))) => {}
+                }
+            }
+            Err(e) => return Err(format!("changelog: claiming the partition: {e}")),
         }
     }
     if report.records > 0 {

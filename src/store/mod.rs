@@ -663,6 +663,40 @@ impl PartitionStore {
         Ok(self.state.mem.timers.first().cloned())
     }
 
+    /// The outbox sequence number below which every owed emission is durable (flushed): the
+    /// next emission the store takes gets at least this number.
+    pub fn durable_outbox_seq(&self) -> u64 {
+        self.state.mem.durable_seq
+    }
+
+    /// The changelog record that claims this store's partition for its writer (`meta\0writer`
+    /// = this store lineage's writer id, chosen and stored now if it has none): what a new
+    /// owner appends at the end of a restore when the changelog is the fence
+    /// (`transport::Sink::fences_by_changelog`).
+    ///
+    /// Errors: [`Error::Write`] when a new writer id cannot be stored.
+    pub fn claim_change(&mut self) -> Result<Change, Error> {
+        let id = match self.state.writer_id {
+            Some(id) => id,
+            None => {
+                let id = rand::random::<u64>() | 1;
+                self.db
+                    .put_cf(
+                        cf(&self.db, CF_META),
+                        changelog::META_WRITER_ID,
+                        id.to_be_bytes(),
+                    )
+                    .map_err(Error::Write)?;
+                self.state.writer_id = Some(id);
+                id
+            }
+        };
+        Ok(Change {
+            key: changelog_key(CF_META, changelog::META_WRITER),
+            value: Some(id.to_be_bytes().to_vec()),
+        })
+    }
+
     /// The first `limit` owed durable emissions in FIFO order.
     pub fn outbox_peek(&mut self, limit: usize) -> Result<Vec<OutboxEntry>, Error> {
         self.outbox_peek_from(0, limit)

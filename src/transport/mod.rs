@@ -166,6 +166,17 @@ pub enum Error {
         /// What the client said.
         reason: String,
     },
+    /// Another process wrote the partition's changelog after this one last did (NATS: the
+    /// log refused an append with a wrong expected last sequence, `transport::nats::changelog`):
+    /// this process no longer owns the partition and stops publishing, appending and acking
+    /// for it (SEMANTICS §6 "Single writer"). Not retried.
+    #[error("{transport}: partition fenced: {reason}")]
+    Fenced {
+        /// `nats` (or `memory` in tests).
+        transport: &'static str,
+        /// Which log refused what, and the likely cause.
+        reason: String,
+    },
 }
 
 impl Error {
@@ -338,6 +349,17 @@ pub trait Sink: Clone + Send + Sync + 'static {
     /// owned it (ARCHITECTURE "changelog"; SEMANTICS §6 "Single writer").
     fn changelog(&self) -> Option<&str> {
         None
+    }
+
+    /// Whether the changelog is also the partition's ownership fence (NATS, where ownership is
+    /// static and no group protocol revokes a partition): an append fails with
+    /// [`Error::Fenced`] once another process appended to the partition's changelog. The
+    /// runtime then hands an emission to the publisher, and commits an input offset, only
+    /// after the changelog append holding it was acknowledged, and a restore ends with a
+    /// claim append (`runtime::restore`). Default `false` (Kafka: the consumer group and
+    /// the liveness lease fence).
+    fn fences_by_changelog(&self) -> bool {
+        false
     }
 
     /// Hands `changes` (writes of the store of input partition `partition`, in write order)

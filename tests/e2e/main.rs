@@ -39,5 +39,6 @@ mod kafka_rebalance;
 mod kafka_transport;
 mod nats_pipeline;
 mod nats_process;
+mod nats_rescale;
 mod tune_kafka;
 mod tune_nats;

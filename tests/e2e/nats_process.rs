@@ -40,43 +40,10 @@ use std::time::{Duration, Instant};
 const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(10);
 
 fn config_text(setup: &Setup, data_dir: &Path) -> String {
-    let n = &setup.nats;
     format!(
-        r#"
-transport = "nats"
-
-{common}
-
-[nats]
-servers = "{servers}"
-input-stream = "{input}"
-input-subject-prefix = "{prefix}"
-partitions = {partitions}
-consumer-prefix = "{consumers}"
-dead-letter-subject = "{dlq}"
-output-stream = "{output}"
-storage = "memory"
-
-[tiers]
-events-topic = "{events}"
-[[tiers.tier]]
-name = "normal"
-topic = "{normal}"
-[[tiers.tier]]
-name = "limited"
-topic = "{limited}"
-"#,
-        common = process_support::debounce_store_runtime(data_dir, SHUTDOWN_DEADLINE),
-        servers = n.servers,
-        input = n.input_stream,
-        prefix = n.input_subject_prefix,
-        partitions = n.partitions,
-        consumers = n.consumer_prefix,
-        dlq = n.dead_letter_subject,
-        output = n.output_stream,
-        events = setup.tiers.events_topic,
-        normal = setup.tier_subject("normal"),
-        limited = setup.tier_subject("limited"),
+        "transport = \"nats\"\n{}{}",
+        process_support::debounce_store_runtime(data_dir, SHUTDOWN_DEADLINE),
+        setup.run_config_sections(0, 1)
     )
 }
 

@@ -21,6 +21,7 @@ mod admin_api;
 mod codec_schema;
 mod engine_model;
 mod engine_purity;
+mod fuzz_corpus;
 mod layering;
 mod learn_runtime;
 mod learn_store;

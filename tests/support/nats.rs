@@ -70,6 +70,8 @@ impl Setup {
             input_subject_prefix: format!("t{id}.uploads"),
             dead_letter_subject: format!("t{id}.dlq"),
             consumer_prefix: format!("c{id}"),
+            changelog_stream: format!("T_{id}_CL"),
+            changelog_subject_prefix: format!("t{id}.changelog"),
             partitions,
             storage,
             ..NatsConfig::default()
@@ -221,11 +223,62 @@ impl Setup {
         }
     }
 
-    /// Deletes the test's streams (with their consumers).
+    /// Deletes the test's streams (with their consumers), changelog streams included.
     pub async fn cleanup(&self) {
         for s in [&self.nats.input_stream, &self.nats.output_stream] {
             let _ = self.js.delete_stream(s).await;
         }
+        for p in 0..self.nats.partitions as i32 {
+            let _ = self
+                .js
+                .delete_stream(self.nats.changelog_stream_name(p))
+                .await;
+        }
+    }
+
+    /// The `[nats]` lines of a `settle run` config for this setup as instance `instance` of
+    /// `instances` (memory storage, the setup's streams, subjects, consumers and changelog),
+    /// and the `[tiers]` section.
+    pub fn run_config_sections(&self, instance: u32, instances: u32) -> String {
+        let n = &self.nats;
+        format!(
+            r#"
+[nats]
+servers = "{servers}"
+input-stream = "{input}"
+input-subject-prefix = "{prefix}"
+partitions = {partitions}
+instance = {instance}
+instances = {instances}
+consumer-prefix = "{consumers}"
+dead-letter-subject = "{dlq}"
+output-stream = "{output}"
+changelog-stream = "{changelog}"
+changelog-subject-prefix = "{changelog_prefix}"
+storage = "memory"
+
+[tiers]
+events-topic = "{events}"
+[[tiers.tier]]
+name = "normal"
+topic = "{normal}"
+[[tiers.tier]]
+name = "limited"
+topic = "{limited}"
+"#,
+            servers = n.servers,
+            input = n.input_stream,
+            prefix = n.input_subject_prefix,
+            partitions = n.partitions,
+            consumers = n.consumer_prefix,
+            dlq = n.dead_letter_subject,
+            output = n.output_stream,
+            changelog = n.changelog_stream,
+            changelog_prefix = n.changelog_subject_prefix,
+            events = self.tiers.events_topic,
+            normal = self.tier_subject("normal"),
+            limited = self.tier_subject("limited"),
+        )
     }
 
     /// Starts settle in process on the current tokio runtime: `config`'s policies, stores

@@ -6,6 +6,7 @@
 //! Files, by concern: [`consumer`] (the static source and one durable pull consumer per
 //! partition; the check at assignment that the stream reaches the stored offset),
 //! [`producer`] (the sink, and [`publish_upload`] for `settle loadgen --nats` and the tests),
+//! [`changelog`] (the changelog streams, their reader, and the fence),
 //! [`streams`] (streams created or checked at start, [`read_stream`] for tools and tests);
 //! this file holds the connection and what they share.
 //!
@@ -34,8 +35,12 @@
 //!
 //! Static assignment: instance `nats.instance` of `nats.instances` owns the partitions `p`
 //! with `p mod instances == instance` ([`owned_partitions`]). The source hands them out once
-//! at start and never revokes. Two instances must never share an index (two writers of a
-//! partition would both emit its rounds); a restarted instance takes its partitions back.
+//! at start and never revokes. A partition's state moves through its changelog stream
+//! ([`changelog`]): a new owner (after a re-scale, or on a new data dir) restores the store
+//! from it before reading input, and claims the partition there; a second process writing
+//! the same partition (two instances with one index, an old owner during a rolling re-scale)
+//! is fenced at its next changelog append and stops that partition. With
+//! `nats.changelog-stream = ""` there is neither: two instances must then never share an index.
 //!
 //! # Offsets and acks
 //!
@@ -90,6 +95,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub mod changelog;
 pub mod consumer;
 pub mod producer;
 pub mod streams;

@@ -2,20 +2,23 @@
 //! `Nats-Msg-Id` de-duplication; and [`publish_upload`], the producer side of the input
 //! partitions for `settle loadgen --nats` and the tests.
 
+use super::changelog::NatsChangelog;
 use super::{fatal, partition_for_key, unavailable, DLQ_SOURCE_TIMESTAMP_HEADER, KEY_HEADER};
 use crate::codec::EMISSION_ID_HEADER;
 use crate::config::nats::NatsConfig;
+use crate::store::Change;
 use crate::transport::kafka::{
     DLQ_REASON_HEADER, DLQ_SOURCE_OFFSET_HEADER, DLQ_SOURCE_PARTITION_HEADER,
     DLQ_SOURCE_TOPIC_HEADER,
 };
-use crate::transport::{Error, InputRecord, ReadyMessage, Sink};
+use crate::transport::{ChangelogReader, Error, InputRecord, ReadyMessage, Sink};
 use anyhow::Context as _;
 use async_nats::jetstream;
 use async_nats::jetstream::context::{PublishAckFuture, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::HeaderMap;
 use bytes::Bytes;
+use futures::future::BoxFuture;
 use std::sync::Arc;
 
 /// [`Sink`] over JetStream publishes: ready records to their message's subject (the tier's
@@ -28,12 +31,16 @@ pub struct NatsSink {
     js: jetstream::Context,
     input_stream: Arc<str>,
     dead_letter_subject: Arc<str>,
+    /// `nats.changelog-stream` (`None`: off).
+    changelog: Option<NatsChangelog>,
 }
 
 impl NatsSink {
-    /// A sink publishing through `js` for the streams of `config`.
+    /// A sink publishing through `js` for the streams of `config`, with the changelog of
+    /// `nats.changelog-stream` unless it is `""` (`transport::nats::changelog`).
     pub fn new(js: jetstream::Context, config: &NatsConfig) -> Self {
         NatsSink {
+            changelog: NatsChangelog::new(js.clone(), config),
             js,
             input_stream: config.input_stream.as_str().into(),
             dead_letter_subject: config.dead_letter_subject.as_str().into(),
@@ -74,6 +81,38 @@ impl Sink for NatsSink {
         headers.insert(KEY_HEADER, message.key.as_str());
         self.send(message.topic, headers, message.payload.into())
             .await
+    }
+
+    fn changelog(&self) -> Option<&str> {
+        self.changelog.as_ref().map(NatsChangelog::name)
+    }
+
+    fn fences_by_changelog(&self) -> bool {
+        self.changelog.is_some()
+    }
+
+    fn append_changes(
+        &self,
+        partition: i32,
+        changes: &[Change],
+    ) -> Result<BoxFuture<'static, Result<i64, Error>>, Error> {
+        match &self.changelog {
+            Some(c) => c.append(partition, changes),
+            None => Err(fatal("nats.changelog-stream is off".into())),
+        }
+    }
+
+    fn read_changelog(
+        &self,
+        partition: i32,
+        from: i64,
+    ) -> BoxFuture<'_, Result<Box<dyn ChangelogReader>, Error>> {
+        Box::pin(async move {
+            match &self.changelog {
+                Some(c) => c.read(partition, from).await,
+                None => Err(fatal("nats.changelog-stream is off".into())),
+            }
+        })
     }
 
     async fn dead_letter(&self, record: &InputRecord, reason: &str) -> Result<(), Error> {

@@ -1,0 +1,668 @@
+//! The changelog on JetStream (ARCHITECTURE "changelog"; SEMANTICS §6 "Single writer"): the
+//! NATS side of [`Sink::changelog`](crate::transport::Sink::changelog),
+//! [`append_changes`](crate::transport::Sink::append_changes) and
+//! [`read_changelog`](crate::transport::Sink::read_changelog), and the fence that keeps two
+//! processes from both writing one partition.
+//!
+//! # Layout
+//!
+//! One stream per input partition: `<nats.changelog-stream>-<p>` (`SETTLE_CHANGELOG-3`) with
+//! subjects `<nats.changelog-subject-prefix>.<p>.*`. A record of store key `k`
+//! (`store::changelog_key`: column family, `0x00`, key) is a message on
+//! `<prefix>.<p>.<hex(k)>` (lowercase hex: any session key becomes one safe subject token),
+//! body = the stored bytes; a delete is an empty body with header [`TOMBSTONE_HEADER`].
+//! The stream keeps one message per subject (`max-msgs-per-subject = 1`): JetStream's
+//! per-key compaction, so the stream holds what a restore needs and no more. Its **stream
+//! sequence is the changelog offset**: dense per partition like a Kafka offset (gaps where
+//! compaction removed a record), the checkpoint of a store is the sequence after the last
+//! record it holds. settle creates the streams if missing (`nats.storage`, `nats.replicas`,
+//! `nats.duplicate-window`; no `max-age`: a changelog record must live as long as its key).
+//! Tombstones are kept (one small message per deleted key, removed when the key is written
+//! again): a restore from any checkpoint then sees every delete.
+//!
+//! # Fencing by the log
+//!
+//! Every append carries `Nats-Expected-Last-Sequence` = the last sequence this process
+//! knows of the partition's stream (learned by the restore's read, then advanced by its own
+//! appends). The messages of one append are pipelined, so each after the first also carries
+//! `Nats-Expected-Last-Msg-Id` = its predecessor's id: once one is refused, the next cannot
+//! land by accident on top of another writer's records whose sequence numbers it happens to
+//! expect (found by the same-index test: a refused first message, the second accepted). JetStream refuses the message when anybody else appended meanwhile, so of two
+//! processes writing one partition (two instances given the same `nats.instance`, or an old
+//! owner still running after a re-scale) only the one that appended last keeps going: the
+//! other's next append fails with [`Error::Fenced`], and its partition stops publishing,
+//! appending and acking input (the runtime publishes an emission and acks an upload only
+//! once the changelog append that holds it is acknowledged: [`Sink::fences_by_changelog`]).
+//! A new owner claims the partition at the end of its restore by appending its writer record
+//! (`meta\0writer`); if another writer appended after the restore's read, the claim is
+//! refused and the restore reads the rest and claims again (`runtime::restore`).
+//!
+//! Each message also has `Nats-Msg-Id` = `cl:<process id>:<sequence>`: a publish retried after
+//! a lost ack is dropped as a duplicate (or, past the duplicate window, refused as
+//! out-of-sequence and then recognised as this process's own by reading the message back).
+//!
+//! # Order
+//!
+//! The appends of one partition go through one task, in call order; the messages of one
+//! append are sent back to back (one round trip for all of them) and acknowledged in order.
+//! A failed append fails every later one of that partition: the stream then holds a prefix of
+//! the store's writes, as the Kafka changelog's idempotent producer guarantees.
+
+use super::{fatal, unavailable, NatsConfig, CALL_TIMEOUT, TRANSPORT};
+use crate::store::Change;
+use crate::transport::{ChangelogReader, Error};
+use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy, PullConsumer};
+use async_nats::jetstream::context::PublishErrorKind;
+use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::{self, stream};
+use async_nats::HeaderMap;
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::StreamExt;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+
+/// Header of a changelog message that records a delete (value `1`, empty body).
+pub const TOMBSTONE_HEADER: &str = "settle-tombstone";
+
+/// Most messages one reader fetch asks for.
+const READ_FETCH: usize = 5_000;
+
+/// A read that receives nothing for this long while the stream says more is there reports the
+/// changelog unavailable (the restore retries from its checkpoint).
+const READ_STALL: Duration = Duration::from_secs(30);
+
+/// The changelog side of the NATS sink (module docs). Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct NatsChangelog {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    js: jetstream::Context,
+    config: NatsConfig,
+    /// `cl:<random>`: the `Nats-Msg-Id` prefix of this process's appends.
+    msg_id_prefix: String,
+    partitions: Mutex<HashMap<i32, Arc<PartitionLog>>>,
+}
+
+/// One partition's append queue and what this process knows of its stream.
+struct PartitionLog {
+    jobs: mpsc::UnboundedSender<Job>,
+    state: Arc<Mutex<LogState>>,
+}
+
+#[derive(Default)]
+struct LogState {
+    /// The stream's last sequence as this process knows it: set by reads, advanced by
+    /// appends; `None` before either (the append task asks the stream then).
+    last: Option<u64>,
+    /// Set by a failed append; every later append fails with it until the next read.
+    failed: Option<Error>,
+}
+
+struct Job {
+    changes: Vec<Change>,
+    done: oneshot::Sender<Result<i64, Error>>,
+}
+
+impl NatsChangelog {
+    /// The changelog of `config` (`None` when `nats.changelog-stream` is `""`).
+    pub(crate) fn new(js: jetstream::Context, config: &NatsConfig) -> Option<Self> {
+        config.changelog()?;
+        Some(NatsChangelog {
+            inner: Arc::new(Inner {
+                js,
+                config: config.clone(),
+                msg_id_prefix: format!("cl:{:016x}", rand::random::<u64>()),
+                partitions: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// The stream name prefix (`nats.changelog-stream`).
+    pub(crate) fn name(&self) -> &str {
+        &self.inner.config.changelog_stream
+    }
+
+    fn log(&self, partition: i32) -> Arc<PartitionLog> {
+        let mut map = self.inner.partitions.lock().expect("changelog map lock");
+        Arc::clone(map.entry(partition).or_insert_with(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let state = Arc::new(Mutex::new(LogState::default()));
+            tokio::spawn(append_task(
+                Arc::clone(&self.inner),
+                partition,
+                Arc::clone(&state),
+                rx,
+            ));
+            Arc::new(PartitionLog { jobs: tx, state })
+        }))
+    }
+
+    /// See `Sink::append_changes`.
+    pub(crate) fn append(
+        &self,
+        partition: i32,
+        changes: &[Change],
+    ) -> Result<BoxFuture<'static, Result<i64, Error>>, Error> {
+        if changes.is_empty() {
+            return Err(fatal("empty changelog append".into()));
+        }
+        let log = self.log(partition);
+        let (done, result) = oneshot::channel();
+        log.jobs
+            .send(Job {
+                changes: changes.to_vec(),
+                done,
+            })
+            .map_err(|_| fatal("the changelog append task stopped".into()))?;
+        Ok(Box::pin(async move {
+            result
+                .await
+                .unwrap_or_else(|_| Err(fatal("the changelog append task stopped".into())))
+        }))
+    }
+
+    /// See `Sink::read_changelog`: creates the partition's stream if missing, fails with
+    /// [`Error::changelog_started_over`] when it ends below `from`, and opens a reader from
+    /// `from` to the stream's end as of now. The read also tells the appends of this process
+    /// where the stream ends (module docs: fencing).
+    pub(crate) async fn read(
+        &self,
+        partition: i32,
+        from: i64,
+    ) -> Result<Box<dyn ChangelogReader>, Error> {
+        let mut stream = ensure_stream(&self.inner.js, &self.inner.config, partition).await?;
+        let info = tokio::time::timeout(CALL_TIMEOUT, stream.info())
+            .await
+            .map_err(|_| {
+                unavailable(format!(
+                    "changelog stream info of partition {partition}: timed out"
+                ))
+            })?
+            .map_err(|e| {
+                unavailable(format!(
+                    "changelog stream info of partition {partition}: {e}"
+                ))
+            })?;
+        let last = info.state.last_sequence;
+        let name = info.config.name.clone();
+        let end = last as i64 + 1;
+        if from > end {
+            return Err(Error::changelog_started_over(
+                TRANSPORT, &name, partition, end, from,
+            ));
+        }
+        let log = self.log(partition);
+        {
+            let mut s = log.state.lock().expect("changelog state lock");
+            s.last = Some(last);
+            s.failed = None;
+        }
+        let consumer = if from >= end || last == 0 {
+            None
+        } else {
+            let c: PullConsumer = stream
+                .create_consumer(pull::Config {
+                    ack_policy: AckPolicy::None,
+                    deliver_policy: if from > 1 {
+                        DeliverPolicy::ByStartSequence {
+                            start_sequence: from as u64,
+                        }
+                    } else {
+                        DeliverPolicy::All
+                    },
+                    inactive_threshold: Duration::from_secs(60),
+                    ..pull::Config::default()
+                })
+                .await
+                .map_err(|e| unavailable(format!("changelog reader of {name}: {e}")))?;
+            Some(c)
+        };
+        Ok(Box::new(NatsChangelogReader {
+            stream,
+            consumer,
+            state: log.state.clone(),
+            end,
+            done: from >= end || last == 0,
+        }))
+    }
+}
+
+/// The changelog stream of `partition`, created if missing; an existing one must keep one
+/// message per subject.
+///
+/// Errors: [`Error::Unavailable`] when the server does not answer; [`Error::Fatal`] when it
+/// refuses the stream or the existing one keeps more than one message per subject.
+async fn ensure_stream(
+    js: &jetstream::Context,
+    config: &NatsConfig,
+    partition: i32,
+) -> Result<stream::Stream, Error> {
+    use async_nats::jetstream::context::{CreateStreamErrorKind, GetStreamErrorKind};
+    let name = config.changelog_stream_name(partition);
+    match js.get_stream(&name).await {
+        Ok(s) => {
+            let per_subject = s.cached_info().config.max_messages_per_subject;
+            if per_subject != 1 {
+                return Err(fatal(format!(
+                    "changelog stream {name} keeps {per_subject} messages per subject, not 1: \
+                     it would grow without bound and restores would apply stale values; \
+                     recreate it (nats stream rm {name}) and settle creates it right"
+                )));
+            }
+            Ok(s)
+        }
+        Err(e) => match e.kind() {
+            GetStreamErrorKind::JetStream(j) if j.code() == 404 => {
+                let wanted = stream::Config {
+                    name: name.clone(),
+                    subjects: vec![config.changelog_subjects(partition)],
+                    storage: match config.storage {
+                        super::Storage::File => stream::StorageType::File,
+                        super::Storage::Memory => stream::StorageType::Memory,
+                    },
+                    num_replicas: config.replicas as usize,
+                    max_messages_per_subject: 1,
+                    duplicate_window: config.duplicate_window,
+                    ..stream::Config::default()
+                };
+                match js.create_stream(wanted).await {
+                    Ok(s) => {
+                        tracing::info!(stream = %name, partition, "nats: changelog stream created");
+                        Ok(s)
+                    }
+                    Err(e) => match e.kind() {
+                        CreateStreamErrorKind::JetStream(j) => {
+                            Err(fatal(format!("cannot create changelog stream {name}: {j}")))
+                        }
+                        _ => Err(unavailable(format!(
+                            "cannot create changelog stream {name}: {e}"
+                        ))),
+                    },
+                }
+            }
+            GetStreamErrorKind::JetStream(j) => Err(fatal(format!("changelog stream {name}: {j}"))),
+            _ => Err(unavailable(format!("changelog stream {name}: {e}"))),
+        },
+    }
+}
+
+/// The subject of changelog record `key` of `partition`: `<prefix>.<p>.<hex(key)>`.
+pub(crate) fn record_subject(prefix: &str, partition: i32, key: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(prefix.len() + 12 + key.len() * 2);
+    s.push_str(prefix);
+    s.push('.');
+    s.push_str(&partition.to_string());
+    s.push('.');
+    for b in key {
+        s.push(char::from(HEX[usize::from(b >> 4)]));
+        s.push(char::from(HEX[usize::from(b & 15)]));
+    }
+    s
+}
+
+/// The record key of changelog subject `subject` (its last token, hex), if well formed.
+pub(crate) fn record_key(subject: &str) -> Option<Vec<u8>> {
+    let token = subject.rsplit('.').next()?.as_bytes();
+    if token.len() % 2 != 0 {
+        return None;
+    }
+    let nibble = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    };
+    token
+        .chunks(2)
+        .map(|p| Some(nibble(p[0])? << 4 | nibble(p[1])?))
+        .collect()
+}
+
+/// Sends the jobs of one partition in order (module docs). Ends when the changelog is dropped.
+async fn append_task(
+    inner: Arc<Inner>,
+    partition: i32,
+    state: Arc<Mutex<LogState>>,
+    mut jobs: mpsc::UnboundedReceiver<Job>,
+) {
+    while let Some(job) = jobs.recv().await {
+        let failed = state.lock().expect("changelog state lock").failed.clone();
+        let result = match failed {
+            Some(e) => Err(e),
+            None => append_job(&inner, partition, &state, &job.changes).await,
+        };
+        if let Err(e) = &result {
+            state.lock().expect("changelog state lock").failed = Some(e.clone());
+        }
+        let _ = job.done.send(result);
+    }
+}
+
+/// Appends `changes` after the last known sequence; returns the sequence after the last one.
+async fn append_job(
+    inner: &Inner,
+    partition: i32,
+    state: &Mutex<LogState>,
+    changes: &[Change],
+) -> Result<i64, Error> {
+    let known = state.lock().expect("changelog state lock").last;
+    let mut last = match known {
+        Some(l) => l,
+        None => stream_last(inner, partition).await?,
+    };
+    let prefix = &inner.config.changelog_subject_prefix;
+    let messages: Vec<(String, PublishMessage)> = changes
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            (
+                record_subject(prefix, partition, &c.key),
+                // The first expects the stream's last sequence; each next one also expects
+                // its predecessor's id as the stream's last message id, so once one is
+                // refused (another writer appended) none after it can land on top of the
+                // other writer's records by matching their sequence numbers.
+                message(
+                    inner,
+                    c,
+                    last + i as u64,
+                    (i > 0).then(|| msg_id(inner, last + i as u64)),
+                ),
+            )
+        })
+        .collect();
+    // Back to back, then the acks in order; the first failure is looked at alone.
+    let mut acks = Vec::with_capacity(messages.len());
+    for (subject, m) in messages.iter().cloned() {
+        match inner.js.send_publish(subject, m).await {
+            Ok(ack) => acks.push(Some(ack)),
+            Err(_) => {
+                acks.push(None);
+                break;
+            }
+        }
+    }
+    let mut i = 0;
+    for ack in acks {
+        let Some(ack) = ack else { break };
+        match ack.await {
+            Ok(a) if a.sequence == last + 1 => {
+                last = a.sequence;
+                state.lock().expect("changelog state lock").last = Some(last);
+                i += 1;
+            }
+            Ok(a) => {
+                return Err(fatal(format!(
+                    "changelog {}: append acknowledged at sequence {}, expected {}",
+                    inner.config.changelog_stream_name(partition),
+                    a.sequence,
+                    last + 1
+                )))
+            }
+            Err(_) => break,
+        }
+    }
+    // What is left (a publish or an ack failed): one at a time, retried while the server is
+    // away, each checked against what the stream holds.
+    let mut backoff = crate::transport::Backoff::new(Duration::from_secs(5));
+    while i < messages.len() {
+        // The same message as the first attempt (same expected sequence, same id); one at a
+        // time, each after the one before it is confirmed, so the sequence alone fences.
+        let subject = messages[i].0.clone();
+        let m = message(inner, &changes[i], last, None);
+        let sent = match inner.js.send_publish(subject.clone(), m).await {
+            Ok(ack) => ack.await,
+            Err(e) => Err(e),
+        };
+        match sent {
+            Ok(a) if a.sequence == last + 1 => {
+                last = a.sequence;
+                state.lock().expect("changelog state lock").last = Some(last);
+                i += 1;
+                backoff.reset();
+            }
+            Ok(a) => {
+                return Err(fatal(format!(
+                    "changelog {}: append acknowledged at sequence {}, expected {}",
+                    inner.config.changelog_stream_name(partition),
+                    a.sequence,
+                    last + 1
+                )))
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    PublishErrorKind::WrongLastSequence | PublishErrorKind::WrongLastMessageId
+                ) =>
+            {
+                // Our own earlier attempt may have landed (its ack was lost): then the stream
+                // holds our message at last + 1.
+                if own_message_at(inner, partition, last + 1, &msg_id(inner, last + 1)).await? {
+                    last += 1;
+                    state.lock().expect("changelog state lock").last = Some(last);
+                    i += 1;
+                    continue;
+                }
+                return Err(Error::Fenced {
+                    transport: TRANSPORT,
+                    reason: format!(
+                        "changelog {} of partition {partition} was appended to by another \
+                         process after sequence {last}: another instance owns this partition \
+                         now (two instances with the same nats.instance, or this one is left \
+                         over from before a re-scale)",
+                        inner.config.changelog_stream_name(partition)
+                    ),
+                });
+            }
+            Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => {
+                return Err(fatal(format!("changelog record on {subject}: {e}")))
+            }
+            Err(e) => {
+                tracing::debug!(partition, error = %e, "nats: changelog append failed; retrying");
+                tokio::time::sleep(backoff.next_delay()).await;
+            }
+        }
+    }
+    Ok(last as i64 + 1)
+}
+
+fn msg_id(inner: &Inner, seq: u64) -> String {
+    format!("{}:{seq}", inner.msg_id_prefix)
+}
+
+/// The message of change `c` expected to land at `after + 1`, right after the message with
+/// id `previous` when given (`Nats-Expected-Last-Msg-Id`).
+fn message(inner: &Inner, c: &Change, after: u64, previous: Option<String>) -> PublishMessage {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        async_nats::header::NATS_EXPECTED_LAST_SEQUENCE,
+        after.to_string().as_str(),
+    );
+    if let Some(id) = previous {
+        headers.insert(
+            async_nats::header::NATS_EXPECTED_LAST_MESSAGE_ID,
+            id.as_str(),
+        );
+    }
+    headers.insert(
+        async_nats::header::NATS_MESSAGE_ID,
+        msg_id(inner, after + 1).as_str(),
+    );
+    let payload = match &c.value {
+        Some(v) => Bytes::copy_from_slice(v),
+        None => {
+            headers.insert(TOMBSTONE_HEADER, "1");
+            Bytes::new()
+        }
+    };
+    PublishMessage::build().headers(headers).payload(payload)
+}
+
+/// The last sequence of `partition`'s changelog stream (0: empty).
+async fn stream_last(inner: &Inner, partition: i32) -> Result<u64, Error> {
+    let mut s = ensure_stream(&inner.js, &inner.config, partition).await?;
+    let info = s.info().await.map_err(|e| {
+        unavailable(format!(
+            "changelog stream info of partition {partition}: {e}"
+        ))
+    })?;
+    Ok(info.state.last_sequence)
+}
+
+/// Whether the message at `seq` of `partition`'s stream has `Nats-Msg-Id` `id`.
+async fn own_message_at(inner: &Inner, partition: i32, seq: u64, id: &str) -> Result<bool, Error> {
+    let s = ensure_stream(&inner.js, &inner.config, partition).await?;
+    match s.get_raw_message(seq).await {
+        Ok(m) => Ok(m
+            .headers
+            .get(async_nats::header::NATS_MESSAGE_ID)
+            .is_some_and(|v| v.as_str() == id)),
+        // Gone (compacted by a later write of the same key) or never there: not ours to claim.
+        Err(_) => Ok(false),
+    }
+}
+
+/// Reads one partition's changelog stream from a sequence to its end as of the open.
+struct NatsChangelogReader {
+    stream: stream::Stream,
+    consumer: Option<PullConsumer>,
+    state: Arc<Mutex<LogState>>,
+    /// Sequence after the last message as of the open (records past it may be read too).
+    end: i64,
+    done: bool,
+}
+
+impl NatsChangelogReader {
+    async fn chunk(&mut self, max: usize) -> Result<Vec<(i64, Change)>, Error> {
+        let Some(consumer) = self.consumer.clone() else {
+            self.done = true;
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        let idle_since = tokio::time::Instant::now();
+        loop {
+            let mut batch = consumer
+                .fetch()
+                .max_messages((max - out.len()).clamp(1, READ_FETCH))
+                .messages()
+                .await
+                .map_err(|e| unavailable(format!("changelog fetch: {e}")))?;
+            while let Some(next) = batch.next().await {
+                let m = next.map_err(|e| unavailable(format!("changelog fetch: {e}")))?;
+                let (seq, pending) = match m.info() {
+                    Ok(i) => (i.stream_sequence, i.pending),
+                    Err(e) => return Err(unavailable(format!("changelog message: {e}"))),
+                };
+                let m = m.message;
+                let key = record_key(m.subject.as_str()).ok_or_else(|| {
+                    fatal(format!(
+                        "changelog message on {} (sequence {seq}) is not a settle record",
+                        m.subject
+                    ))
+                })?;
+                let tombstone = m
+                    .headers
+                    .as_ref()
+                    .and_then(|h| h.get(TOMBSTONE_HEADER))
+                    .is_some();
+                out.push((
+                    seq as i64,
+                    Change {
+                        key,
+                        value: (!tombstone).then(|| m.payload.to_vec()),
+                    },
+                ));
+                {
+                    let mut s = self.state.lock().expect("changelog state lock");
+                    s.last = Some(s.last.unwrap_or(0).max(seq));
+                }
+                // The end as of the open is reached, or nothing more is there now.
+                if pending == 0 || seq as i64 + 1 >= self.end {
+                    self.done = true;
+                    break;
+                }
+                if out.len() >= max {
+                    break;
+                }
+            }
+            if !out.is_empty() || self.done {
+                return Ok(out);
+            }
+            // An empty fetch: the records up to the end were compacted away, or the server
+            // has not answered yet. The consumer's pending count decides.
+            let mut c = consumer.clone();
+            match c.info().await {
+                Ok(ci) if ci.num_pending == 0 => {
+                    self.done = true;
+                    return Ok(out);
+                }
+                Ok(_) => {}
+                Err(e) => return Err(unavailable(format!("changelog reader: {e}"))),
+            }
+            if idle_since.elapsed() >= READ_STALL {
+                return Err(unavailable(format!(
+                    "changelog stream {}: nothing read for {} s",
+                    self.stream.cached_info().config.name,
+                    READ_STALL.as_secs()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl ChangelogReader for NatsChangelogReader {
+    fn next_chunk(&mut self, max: usize) -> BoxFuture<'_, Result<Vec<(i64, Change)>, Error>> {
+        Box::pin(async move {
+            if self.done {
+                return Ok(Vec::new());
+            }
+            self.chunk(max.max(1)).await
+        })
+    }
+
+    fn end_hint(&self) -> Option<i64> {
+        Some(self.end)
+    }
+}
+
+impl Drop for NatsChangelogReader {
+    fn drop(&mut self) {
+        // The ephemeral consumer also goes away by itself after its inactive threshold.
+        if let Some(c) = self.consumer.take() {
+            let stream = self.stream.clone();
+            let name = c.cached_info().name.clone();
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                handle.spawn(async move {
+                    let _ = stream.delete_consumer(&name).await;
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_subjects_round_trip_any_key() {
+        for key in [
+            b"sessions\0acme/run-7".to_vec(),
+            b"meta\0offset".to_vec(),
+            "sessions\0t/a.b c*>/\u{1f600}".as_bytes().to_vec(),
+            vec![0u8, 255, 46, 42, 62, 32],
+        ] {
+            let subject = record_subject("settle.changelog", 3, &key);
+            let token = subject.strip_prefix("settle.changelog.3.").expect("prefix");
+            assert!(token.bytes().all(|b| b.is_ascii_hexdigit()), "{subject}");
+            assert_eq!(record_key(&subject).as_deref(), Some(key.as_slice()));
+        }
+        assert_eq!(record_key("settle.changelog.3.abc"), None);
+        assert_eq!(record_key("settle.changelog.3.zz"), None);
+    }
+}
