@@ -684,7 +684,7 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), n);
-        assert_eq!(n, 20);
+        assert_eq!(n, 21);
     }
 
     #[test]

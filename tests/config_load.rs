@@ -103,9 +103,9 @@ fn shipped_file_documents_every_key_with_its_env_var() {
             keys += 1;
         }
     }
-    // transport 1, debounce 6 (max-wait unset), store 4, runtime 4, admin 2, kafka 6 (changelog-topic unset), nats 16
-    // (auth and TLS files unset), tiers 5 (demote-to unset), 2 tiers × 2.
-    assert_eq!(keys, 48);
+    // transport 1, debounce 6 (max-wait unset), store 4, runtime 4, admin 2, kafka 6 (changelog-topic unset), nats 18
+    // (auth and TLS files unset; changelog-stream and changelog-subject-prefix), tiers 5 (demote-to unset), 2 tiers × 2.
+    assert_eq!(keys, 50);
     assert!(text.contains("SETTLE_DEBOUNCE__MAX_WAIT"));
     assert!(text.contains("SETTLE_TIERS__DEMOTE_TO"));
     assert!(text.contains("SETTLE_KAFKA__CHANGELOG_TOPIC"));
