@@ -54,6 +54,9 @@ export CARGO_TARGET_DIR="${FUZZ_TARGET_DIR:-$ROOT/target/fuzz-build}"
 export RUSTC_BOOTSTRAP=1
 SAN="${FUZZ_SANITIZER:-none}"
 
+# -jobs makes libFuzzer write each job's output to ./fuzz-N.log instead: only for --jobs > 1.
+PARALLEL=()
+[ "$JOBS" -le 1 ] || PARALLEL=(-jobs="$JOBS" -workers="$JOBS")
 failed=()
 for t in "${TARGETS[@]}"; do
     [ -f "fuzz/fuzz_targets/$t.rs" ] || die "no fuzz target '$t' (fuzz/fuzz_targets/)"
@@ -68,7 +71,7 @@ for t in "${TARGETS[@]}"; do
         set -o pipefail
         cargo fuzz run --fuzz-dir fuzz -s "$SAN" --debug-assertions "$t" \
             "$WORK/corpus/$t" "fuzz/corpus/$t" -- \
-            -max_total_time="$SECONDS_EACH" -jobs="$JOBS" -workers="$JOBS" \
+            -max_total_time="$SECONDS_EACH" "${PARALLEL[@]}" \
             -artifact_prefix="$WORK/artifacts/$t/" -print_final_stats=1 2>&1 |
             tee "$WORK/$t.log" |
             awk '/^#[0-9]+ +(pulse|DONE)|^stat::number_of_executed_units|ERROR|panicked|SUMMARY|^artifact_prefix|Test unit written/ { print; fflush() }'

@@ -74,12 +74,13 @@ cmd_install() {
         fi
         warn "the other install finished without a tansu binary; installing here"
     fi
-    log "installing tansu $TANSU_VERSION from crates.io (compiles ~400 crates: 34 minutes measured on a fresh 2-core machine, longer on a busy one)"
+    log "installing tansu $TANSU_VERSION from crates.io (compiles ~400 crates: 8 to 34 minutes measured on fresh 2-core machines, longer on a busy one)"
     t0=$(date +%s)
     # A broker for tests needs no LTO, no debug info and no single codegen unit: these
     # profile overrides (cargo config, which wins over the crate's own [profile.release])
-    # roughly halve the install on 2 cores. `postgres` gives tansu a persistent storage
-    # engine (the broker-restart test keeps its log in the local PostgreSQL).
+    # roughly halve the install on 2 cores. `postgres` is a persistent storage engine (it needs
+    # tansu's schema, which the crate does not ship); `libsql` (sqlite://) would be another, but
+    # tansu 0.6's panics after a restart (tests/e2e/kafka_outage.rs says more).
     CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
         CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_INCREMENTAL=false \
         cargo install tansu --locked --version "$TANSU_VERSION" --features "${TANSU_FEATURES:-dynostore,postgres}" ||

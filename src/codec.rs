@@ -772,7 +772,8 @@ fn scan_json(text: &str, limit: usize) -> Result<(), Scan> {
             b'}' | b']' => depth = depth.saturating_sub(1),
             b'-' | b'0'..=b'9' => {
                 let start = i - 1;
-                while i < b.len() && matches!(b[i], b'0'..=b'9' | b'.' | b'e' | b'E' | b'+' | b'-') {
+                while i < b.len() && matches!(b[i], b'0'..=b'9' | b'.' | b'e' | b'E' | b'+' | b'-')
+                {
                     i += 1;
                 }
                 let number = &text[start..i];
@@ -1623,7 +1624,10 @@ mod tests {
         );
         assert_eq!(scan_json(r#"{"a":"5e308"}"#, 4), Ok(()), "inside a string");
         let huge = format!(r#"{{"a":{}}}"#, "9".repeat(400));
-        assert!(matches!(scan_json(&huge, 4), Err(Scan::NumberOutOfRange(_))));
+        assert!(matches!(
+            scan_json(&huge, 4),
+            Err(Scan::NumberOutOfRange(_))
+        ));
         let big = decode(r#"{"tenant":"a","session":"s","attributes":{"k":1e999}}"#);
         assert_eq!(big.unwrap_err().reason(), "invalid_json");
         let lone = decode(r#"{"tenant":"a","session":"s","attributes":{"k":"\udfff"}}"#);

@@ -47,7 +47,12 @@ pub fn run(file: Option<&Path>, transport: Option<Transport>) -> anyhow::Result<
         let shutdown = CancellationToken::new();
         let signals =
             shutdown_on_signals(shutdown.clone()).context("cannot install signal handlers")?;
+        let watchdog = shutdown_watchdog(
+            shutdown.clone(),
+            config.runtime.shutdown_deadline + SHUTDOWN_GRACE,
+        );
         let summary = run_until(&config, shutdown).await;
+        watchdog.abort();
         signals.abort();
         let summary = summary?;
         if let Some((p, reason)) = summary.failed().first() {
@@ -66,6 +71,32 @@ pub fn run(file: Option<&Path>, transport: Option<Transport>) -> anyhow::Result<
         );
         Ok(())
     })?
+}
+
+/// How long past `runtime.shutdown-deadline` a stop may take before [`shutdown_watchdog`]
+/// ends the process.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Once `shutdown` is cancelled (a signal, a failed partition), gives the stop `limit`; if
+/// the process is still there then (a client library blocked in its close, e.g. librdkafka
+/// waiting for a group coordinator that stopped answering, seen with a broken broker), logs it
+/// and exits with status 1. Counted on an OS thread, so a blocked tokio runtime cannot hold it
+/// up. The stores keep what they hold; a restart resumes from them.
+fn shutdown_watchdog(
+    shutdown: CancellationToken,
+    limit: std::time::Duration,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        shutdown.cancelled().await;
+        std::thread::spawn(move || {
+            std::thread::sleep(limit);
+            tracing::error!(
+                limit_s = limit.as_secs(),
+                "settle run did not stop within runtime.shutdown-deadline + 30 s: exiting now (exit code 1); the stores keep what they hold"
+            );
+            std::process::exit(1);
+        });
+    })
 }
 
 /// Runs settle on the transport `config.transport` until `shutdown` is cancelled: the

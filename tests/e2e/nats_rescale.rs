@@ -127,6 +127,16 @@ fn keep_or_temp() -> Result<tempfile::TempDir> {
     Ok(dir)
 }
 
+impl Drop for Proc {
+    /// A test that fails leaves no process behind.
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// Uploads produced per session key, from the input stream read back.
 fn uploads_per_key(input: &[StreamRecord]) -> BTreeMap<String, u32> {
     let mut out = BTreeMap::new();

@@ -525,7 +525,7 @@ impl Tansu {
     }
 
     /// As [`Tansu::start`] with storage engine `storage` (`memory://tansu/`,
-    /// `sqlite://PATH`, `postgres://...`), listening on `listen` (`host:port`; `None`: a
+    /// `sqlite://NAME` — a file in the directory of `log` —, `postgres://...`), listening on `listen` (`host:port`; `None`: a
     /// free port) and, when given, telling clients to connect to `advertised` (`host:port`,
     /// say a proxy in front of it; it must forward by the time the broker is up, since the
     /// readiness probe follows the advertised address).
@@ -577,6 +577,9 @@ impl Tansu {
                 &advertised,
             ])
             .args(["--storage-engine", &self.storage])
+            // tansu reads `sqlite://NAME` relative to its working directory (a leading `/`
+            // is dropped): the log's directory holds the database too.
+            .current_dir(self.log.parent().unwrap_or(Path::new(".")))
             .stdin(Stdio::null())
             .stdout(Stdio::from(out.try_clone()?))
             .stderr(Stdio::from(out))
