@@ -25,7 +25,7 @@ COPY config ./config
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bin settle \
-    && install -m 0755 target/release/settle /usr/local/bin/settle
+    && install -s -m 0755 target/release/settle /usr/local/bin/settle
 
 FROM debian:${DEBIAN_RELEASE}-slim AS runtime
 RUN apt-get update \

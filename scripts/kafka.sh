@@ -207,9 +207,9 @@ create-topics)
     ;;
 status) cmd_status ;;
 stop) stop_pid "$PIDFILE" tansu ;;
--h | --help | help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' ;;
+-h | --help | help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//' ;;
 *)
-    sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
     ;;
 esac

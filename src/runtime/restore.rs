@@ -144,7 +144,7 @@ pub async fn open_and_restore<K: Sink>(
             );
             if sink.fences_by_changelog() {
                 // That append was expected right after the records read: it is the claim.
-                tracing::info!(partition, changelog = %topic, next, "partition claimed in its changelog: an earlier writer still running is fenced at its next append");
+                tracing::info!(partition, changelog = %topic, next, "partition claimed in its changelog: any other writer of it is fenced at its next append");
             }
             return Ok(Some((store, report)));
         }
@@ -235,7 +235,7 @@ pub async fn open_and_restore<K: Sink>(
                 store
                     .changelog_synced(next)
                     .map_err(|e| format!("partition store: {e}"))?;
-                tracing::info!(partition, changelog = %topic, next, "partition claimed in its changelog: an earlier writer still running is fenced at its next append");
+                tracing::info!(partition, changelog = %topic, next, "partition claimed in its changelog: any other writer of it is fenced at its next append");
                 break 'claim;
             }
             Err(e @ Error::Fenced { .. }) if claims < MAX_CLAIMS => {

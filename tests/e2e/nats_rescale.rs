@@ -34,7 +34,7 @@ const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(10);
 const PARTITIONS: u32 = 8;
 /// The log line of a partition's claim at the end of its restore (`runtime::restore`).
 const CLAIMED: &str =
-    "partition claimed in its changelog: an earlier writer still running is fenced at its next append";
+    "partition claimed in its changelog: any other writer of it is fenced at its next append";
 /// The log line of a fenced partition (`runtime::partition`).
 const FENCED: &str = "partition fenced by its changelog: this instance stops publishing, appending and acking input for it; the other owner continues it";
 

@@ -395,14 +395,7 @@ async fn append_job(
                 state.lock().expect("changelog state lock").last = Some(last);
                 i += 1;
             }
-            Ok(a) => {
-                return Err(fatal(format!(
-                    "changelog {}: append acknowledged at sequence {}, expected {}",
-                    inner.config.changelog_stream_name(partition),
-                    a.sequence,
-                    last + 1
-                )))
-            }
+            Ok(a) => return Err(misplaced(inner, partition, a.sequence, last + 1)),
             Err(_) => break,
         }
     }
@@ -425,14 +418,7 @@ async fn append_job(
                 i += 1;
                 backoff.reset();
             }
-            Ok(a) => {
-                return Err(fatal(format!(
-                    "changelog {}: append acknowledged at sequence {}, expected {}",
-                    inner.config.changelog_stream_name(partition),
-                    a.sequence,
-                    last + 1
-                )))
-            }
+            Ok(a) => return Err(misplaced(inner, partition, a.sequence, last + 1)),
             Err(e)
                 if matches!(
                     e.kind(),
@@ -468,6 +454,15 @@ async fn append_job(
         }
     }
     Ok(last as i64 + 1)
+}
+
+/// An append acknowledged at sequence `got` instead of `want` (cannot happen while the
+/// expected-sequence headers hold; fatal rather than a silent gap).
+fn misplaced(inner: &Inner, partition: i32, got: u64, want: u64) -> Error {
+    fatal(format!(
+        "changelog {}: append acknowledged at sequence {got}, expected {want}",
+        inner.config.changelog_stream_name(partition)
+    ))
 }
 
 fn msg_id(inner: &Inner, seq: u64) -> String {
