@@ -288,6 +288,9 @@ struct Collector {
     /// `(timestamp, upload)` per partition, in read (offset) order.
     partitions: BTreeMap<i32, Vec<(Millis, Upload)>>,
     summary: ReadSummary,
+    /// NATS: the partition count keys hash over; an upload on another partition than its
+    /// key's is rejected as `wrong_partition`, as `settle run` dead-letters it.
+    key_partitions: Option<u32>,
 }
 
 impl Collector {
@@ -302,6 +305,7 @@ impl Collector {
                 range: Some(range),
                 ..ReadSummary::default()
             },
+            key_partitions: None,
         }
     }
 
@@ -319,7 +323,23 @@ impl Collector {
             self.summary.outside_range += 1;
             return;
         }
-        match codec::decode_upload(key, payload, ts, self.wall) {
+        let decoded = codec::decode_upload(key, payload, ts, self.wall).and_then(|u| {
+            match self.key_partitions {
+                Some(n) => {
+                    let expected = nats::partition_for_key(key.unwrap_or_default(), n);
+                    if expected == partition {
+                        Ok(u)
+                    } else {
+                        Err(codec::DecodeError::WrongPartition {
+                            partition,
+                            expected,
+                        })
+                    }
+                }
+                None => Ok(u),
+            }
+        });
+        match decoded {
             Ok(u) => self
                 .partitions
                 .entry(partition)
@@ -603,6 +623,7 @@ pub async fn read_nats(
         range,
         wall,
     );
+    collector.key_partitions = Some(nats.partitions);
     let s = js.get_stream(stream).await.with_context(|| {
         format!(
             "cannot read stream {stream} at {} (is the server up, and the stream name right: --topic / nats.input-stream?)",
@@ -807,6 +828,23 @@ mod tests {
         assert!(open.contains(i64::MIN) && !open.contains(6));
         let e = TimeRange::resolve(Some(TimeArg::At(now)), Some(TimeArg::Ago(1)), now).unwrap_err();
         assert!(e.to_string().contains("after --until"), "{e}");
+    }
+
+    #[test]
+    fn nats_uploads_on_another_partition_than_their_key_are_rejected() {
+        let range = TimeRange {
+            since: None,
+            until: 1_000,
+        };
+        let mut c = Collector::new("test".into(), range, Millis::MAX);
+        c.key_partitions = Some(8);
+        let key = "acme/build-42"; // partition 1 of 8
+        let body = br#"{"tenant":"acme","session":"build-42"}"#;
+        c.push(1, || "s.1@1".into(), Some(key.as_bytes()), body, 10);
+        c.push(2, || "s.2@2".into(), Some(key.as_bytes()), body, 20);
+        assert_eq!(c.summary.rejected.get("wrong_partition"), Some(&1));
+        assert_eq!(c.partitions.get(&1).map(Vec::len), Some(1));
+        assert!(!c.partitions.contains_key(&2));
     }
 
     #[test]

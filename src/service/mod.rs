@@ -94,7 +94,7 @@ fn shutdown_watchdog(
                 limit_s = limit.as_secs(),
                 "settle run did not stop within runtime.shutdown-deadline + 30 s: exiting now (exit code 1); the stores keep what they hold"
             );
-            std::process::exit(1);
+            signals::exit_now(1);
         });
     })
 }
