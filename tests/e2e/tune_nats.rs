@@ -142,6 +142,9 @@ async fn check(setup: &Setup, addr: &str) -> Result<()> {
                 "SETTLE_NATS__INPUT_SUBJECT_PREFIX",
                 &setup.nats.input_subject_prefix,
             )
+            // The partition count keys hash over: an upload on another partition is unusable,
+            // as `settle run` dead-letters it (`wrong_partition`).
+            .env("SETTLE_NATS__PARTITIONS", PARTITIONS.to_string())
             .output(),
     )
     .await??;
