@@ -277,7 +277,7 @@ pub fn check_emission(em: &Emission, emitted_at: Millis) {
 
 /// Loads `text` as a settle.toml (`Config::from_toml_str`): either refused with a message or
 /// accepted; an accepted config must validate again, build its policy table, and drive a short
-/// trace (a burst, a split upload, a final flush, 200 uploads over a day into 20 sessions)
+/// trace (a burst, a split upload, a final flush: 50 uploads per tenant into 20 sessions)
 /// through the engine under every tenant's policy with every emission checked. Returns whether
 /// it was accepted.
 ///
@@ -306,16 +306,19 @@ pub fn check_config(text: &str) -> bool {
     let mut out = Vec::new();
     let t0: Millis = DEFAULT_WALL_MS;
     for (ti, tenant) in tenants.iter().enumerate() {
-        for i in 0..200_i64 {
+        // 50 uploads per tenant: enough for every policy path, and a config with a tiny
+        // max-wait and a long delay (delay / max-wait silent renewals per round) stays under
+        // a second per input.
+        for i in 0..50_i64 {
             let session = format!("s{}", i % 20);
             let key = super::engine::SessionKey::new(tenant, &session);
             let at = t0 + (ti as i64) * 1_000 + i * i * 2_000;
             let mut u = Upload::plain(key, at);
             u.event_id = Some(format!("e{i}"));
-            if i % 50 == 7 {
+            if i % 17 == 7 {
                 u.part = Some(super::engine::Part { index: 1, count: 2 });
             }
-            u.final_flag = i % 97 == 96;
+            u.final_flag = i % 23 == 22;
             ok(driver.apply(&mut mem, at, &u, &mut out));
         }
     }
