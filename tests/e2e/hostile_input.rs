@@ -16,7 +16,6 @@ use kafka_support::{broker, by_id, emitted, fresh_topics, now_ms, reference, tra
 use process_support::{sigterm, start_run, wait_for_rounds};
 use settle::cli::loadgen::{self, OutRecord};
 use settle::codec::{self, DecodeError};
-use settle::config::Config;
 use settle::engine::Emission;
 use settle::transport::kafka::DLQ_REASON_HEADER;
 use std::collections::{BTreeMap, BTreeSet};
@@ -199,18 +198,8 @@ fn every_malformed_record_kind_through_settle_run() -> Result<()> {
         .build()?;
     let (kafka, output) = fresh_topics(&rt, &bootstrap, "hostile", 2)?;
     let dir = tempfile::tempdir()?;
-    let config_path = dir.path().join("settle.toml");
-    std::fs::write(
-        &config_path,
-        process_support::kafka_config_text(
-            &kafka,
-            &output,
-            &dir.path().join("data"),
-            SHUTDOWN_DEADLINE,
-            6_000,
-        ),
-    )?;
-    let config = Config::load(Some(&config_path)).context("the test's config")?;
+    let (config_path, config) =
+        process_support::write_kafka_config(dir.path(), &kafka, &output, SHUTDOWN_DEADLINE)?;
 
     // What the codec says of each record decides what settle must do with it.
     let bad = malformed();

@@ -27,7 +27,6 @@ use anyhow::{ensure, Context as _, Result};
 use kafka_support::{by_id, emitted, fresh_topics, reference, same_emissions, trace_of};
 use process_support::{json_log, sigterm, start_run_logged, wait_exit, wait_for_rounds, Tansu};
 use settle::cli::loadgen;
-use settle::config::Config;
 use settle::engine::Emission;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -131,18 +130,8 @@ fn kafka_run_rides_out_a_broker_outage() -> Result<()> {
     let mut broker = Broker::start(&bin, dir.path())?;
     let bootstrap = broker.bootstrap();
     let (kafka, output) = fresh_topics(&rt, &bootstrap, "outage", 2)?;
-    let config_path = dir.path().join("settle.toml");
-    std::fs::write(
-        &config_path,
-        process_support::kafka_config_text(
-            &kafka,
-            &output,
-            &dir.path().join("data"),
-            SHUTDOWN_DEADLINE,
-            6_000,
-        ),
-    )?;
-    let config = Config::load(Some(&config_path)).context("the test's config")?;
+    let (config_path, config) =
+        process_support::write_kafka_config(dir.path(), &kafka, &output, SHUTDOWN_DEADLINE)?;
     let emitted_now = || -> Result<Vec<(Emission, i64)>> {
         rt.block_on(emitted(&kafka, &output, "normal", 0, STEP))
     };

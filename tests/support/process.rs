@@ -355,6 +355,23 @@ idle-tick = "50ms"
     )
 }
 
+/// Writes `dir/settle.toml` for a `settle run` test process on Kafka ([`kafka_config_text`],
+/// stores in `dir/data`, 6 s session timeout) and loads it: (its path, the config).
+pub fn write_kafka_config(
+    dir: &Path,
+    kafka: &settle::transport::kafka::KafkaConfig,
+    output: &str,
+    shutdown_deadline: Duration,
+) -> Result<(std::path::PathBuf, settle::config::Config)> {
+    let path = dir.join("settle.toml");
+    std::fs::write(
+        &path,
+        kafka_config_text(kafka, output, &dir.join("data"), shutdown_deadline, 6_000),
+    )?;
+    let config = settle::config::Config::load(Some(&path)).context("the test's config")?;
+    Ok((path, config))
+}
+
 /// The config file of a `settle run` test process on Kafka: [`debounce_store_runtime`] with
 /// `data_dir` and `shutdown_deadline`, the `[kafka]` section of `kafka` (servers, group,
 /// topics) with `session.timeout.ms` = `session_timeout_ms` and 500 ms heartbeats, and one
