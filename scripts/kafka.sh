@@ -3,7 +3,7 @@
 #
 #   scripts/kafka.sh up                           install, start, wait, and create settle's default
 #                                                 topics (settle.uploads:8, settle.changelog:8, the tier topics,
-#                                                 settle.tier-events, settle.dead-letter)
+#                                                 settle.tier-events, settle.dead-letter, settle.tier-counts)
 #   scripts/kafka.sh install                      cargo install tansu, unless it is already there
 #   scripts/kafka.sh bin                          print the tansu binary's path (fails when none)
 #   scripts/kafka.sh start                        start a broker in the background (idempotent)
@@ -186,8 +186,8 @@ cmd_status() {
 
 # settle's default topics (config/settle.toml): input with 8 partitions (how far settle can
 # scale out), the changelog with the same 8 (compacted), one partition for each output and
-# the dead letters.
-DEFAULT_TOPICS=(settle.uploads:8 settle.changelog:8:compact settle.ready.normal:1 settle.ready.limited:1 settle.tier-events:1 settle.dead-letter:1)
+# the dead letters, and the tier counts the instances exchange (1 partition, compacted).
+DEFAULT_TOPICS=(settle.uploads:8 settle.changelog:8:compact settle.ready.normal:1 settle.ready.limited:1 settle.tier-events:1 settle.dead-letter:1 settle.tier-counts:1:compact)
 
 case "${1:-}" in
 up)

@@ -62,10 +62,13 @@ pub fn run(file: &Path, out: &mut impl Write) -> anyhow::Result<()> {
     let tiers = &cfg.tiers;
     writeln!(
         out,
-        "tiers: {} (limit {} per {})",
+        "tiers: {} (limit {} per {}, whole deployment: counts shared every {} on kafka {} / nats {})",
         tiers.routes(),
         tiers.limit,
-        humantime::format_duration(tiers.period)
+        humantime::format_duration(tiers.period),
+        humantime::format_duration(tiers.share_interval),
+        k.tier_counts().as_deref().unwrap_or("(off)"),
+        n.tier_counts().unwrap_or("(off)"),
     )?;
     Ok(())
 }

@@ -361,6 +361,18 @@ fn print_tiers(dir: &Path, s: &TierSnapshot, out: &mut impl Write) -> std::io::R
         .map(|(tier, n)| format!("{tier} {n}"))
         .collect();
     writeln!(out, "  routed          {}", routed.join(" · "))?;
+    if !s.instance.is_empty() {
+        let others = if s.live_instances.is_empty() {
+            "no other live instance".to_owned()
+        } else {
+            format!("summed with {}", s.live_instances.join(", "))
+        };
+        writeln!(
+            out,
+            "  shared          counts of {} {others} · {} change(s) published by another instance",
+            s.instance, s.events_reported_elsewhere
+        )?;
+    }
     writeln!(
         out,
         "  changes         {} demotion(s) · {} recovery(ies) · {} not yet on the events topic",

@@ -74,6 +74,14 @@ pub struct KafkaConfig {
     /// changelog off: a partition's state then stays on the instance that owned it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub changelog_topic: Option<String>,
+    /// `tier-counts-topic`: the compacted topic (one partition is enough) where the instances
+    /// of the deployment exchange their per-tenant emission counts every
+    /// `tiers.share-interval`, so tiers follow the deployment's rate and outlive restarts
+    /// (SEMANTICS §5). Created by settle (1 partition, compacted) when missing. Unset (the
+    /// default): `<group-id>.tier-counts`. `""` turns sharing off: each instance then
+    /// measures only the emissions it publishes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tier_counts_topic: Option<String>,
     /// `instance-id`: this process's name in the group, sent as header `settle-instance` on
     /// every ready record (default `""`: `<hostname>-<pid>`).
     pub instance_id: String,
@@ -107,6 +115,7 @@ impl Default for KafkaConfig {
             input_topic: "settle.uploads".to_owned(),
             dead_letter_topic: "settle.dead-letter".to_owned(),
             changelog_topic: None,
+            tier_counts_topic: None,
             instance_id: String::new(),
             group_instance_id: None,
             processing_guarantee: ProcessingGuarantee::AtLeastOnce,
@@ -171,6 +180,16 @@ impl KafkaConfig {
             Some(t) if t.is_empty() => None,
             Some(t) => Some(t.clone()),
             None => Some(format!("{}.changelog", self.group_id)),
+        }
+    }
+
+    /// The tier-counts topic: `tier-counts-topic`, else `<group-id>.tier-counts`; `None` when
+    /// `tier-counts-topic` is `""` (off).
+    pub fn tier_counts(&self) -> Option<String> {
+        match &self.tier_counts_topic {
+            Some(t) if t.is_empty() => None,
+            Some(t) => Some(t.clone()),
+            None => Some(format!("{}.tier-counts", self.group_id)),
         }
     }
 }
@@ -259,6 +278,18 @@ impl KafkaConfig {
                 return Err(KeyError::new(
                     "kafka.changelog-topic",
                     "must differ from kafka.input-topic and kafka.dead-letter-topic (or be \"\" to turn the changelog off)",
+                ));
+            }
+        }
+        if let Some(counts) = self.tier_counts() {
+            check_topic("kafka.tier-counts-topic", &counts)?;
+            if counts == self.input_topic
+                || counts == self.dead_letter_topic
+                || Some(&counts) == self.changelog().as_ref()
+            {
+                return Err(KeyError::new(
+                    "kafka.tier-counts-topic",
+                    "must differ from kafka.input-topic, kafka.dead-letter-topic and kafka.changelog-topic (or be \"\" to turn sharing off)",
                 ));
             }
         }

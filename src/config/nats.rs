@@ -124,6 +124,12 @@ pub struct NatsConfig {
     /// `changelog-subject-prefix`: partition `p`'s changelog records are on subjects
     /// `<prefix>.<p>.<hex of the record key>` (default `settle.changelog`).
     pub changelog_subject_prefix: String,
+    /// `tier-counts-bucket`: the JetStream KV bucket where the instances exchange their
+    /// per-tenant emission counts every `tiers.share-interval` (key = instance), so tiers
+    /// follow the deployment's rate and outlive restarts (SEMANTICS §5). Created if missing
+    /// (history 1, `nats.storage`, `nats.replicas`). Default `SETTLE_TIER_COUNTS`; `""`
+    /// turns sharing off (each instance then measures only its own emissions).
+    pub tier_counts_bucket: String,
 }
 
 impl Default for NatsConfig {
@@ -154,6 +160,7 @@ impl Default for NatsConfig {
             max_ack_pending: 100_000,
             changelog_stream: "SETTLE_CHANGELOG".to_owned(),
             changelog_subject_prefix: "settle.changelog".to_owned(),
+            tier_counts_bucket: "SETTLE_TIER_COUNTS".to_owned(),
         }
     }
 }
@@ -323,6 +330,9 @@ impl NatsConfig {
             1_000,
             10_000_000,
         )?;
+        if let Some(bucket) = self.tier_counts() {
+            check_name("nats.tier-counts-bucket", bucket)?;
+        }
         if self.changelog().is_some() {
             check_name(
                 "nats.changelog-stream",
@@ -359,6 +369,24 @@ impl NatsConfig {
             }
         }
         Ok(())
+    }
+
+    /// This process's name among the instances sharing tier counts:
+    /// `i<instance>-<hostname>-<pid>` (unique per process, so a restart is a new instance
+    /// whose predecessor's counts expire).
+    pub fn instance_name(&self) -> String {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .map(|h| h.trim().to_owned())
+            .filter(|h| !h.is_empty())
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .unwrap_or_else(|| "settle".to_owned());
+        format!("i{}-{host}-{}", self.instance, std::process::id())
+    }
+
+    /// The tier-counts KV bucket, `None` when `tier-counts-bucket` is `""` (off).
+    pub fn tier_counts(&self) -> Option<&str> {
+        (!self.tier_counts_bucket.is_empty()).then_some(self.tier_counts_bucket.as_str())
     }
 
     /// The changelog stream prefix, `None` when `changelog-stream` is `""` (off).

@@ -24,13 +24,20 @@ pub const MAX_TIER_NAME_BYTES: usize = 64;
 /// Most bytes in a topic name (Kafka's limit; NATS subjects are checked with the same rule).
 pub const MAX_TOPIC_BYTES: usize = 249;
 
+/// Shortest accepted `tiers.share-interval` (100 ms).
+pub const MIN_SHARE_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Longest accepted `tiers.share-interval` (1 min).
+pub const MAX_SHARE_INTERVAL: Duration = Duration::from_secs(60);
+
 /// The `[tiers]` table. Every field has a default (see [`TiersConfig::default`]); an absent
 /// `[tiers]` table means the defaults.
 ///
 /// ```toml
 /// [tiers]
-/// limit = 600                       # emissions per period (per tenant, per instance)
+/// limit = 600                       # emissions per period (per tenant, whole deployment)
 /// period = "1m"
+/// share-interval = "1s"             # how often instances exchange their counts
 /// recover-ratio = 0.5
 /// cooldown = "5m"
 /// events-topic = "settle.tier-events"
@@ -76,6 +83,14 @@ pub struct TiersConfig {
     /// `[tiers.pinned]`: tenant → tier name. A pinned tenant always routes to its tier and
     /// never moves automatically.
     pub pinned: BTreeMap<String, String>,
+    /// `tiers.share-interval`: how often each instance publishes its per-tenant emission
+    /// counts (and its demoted tenants) to the others through the broker, so a tenant's rate
+    /// is the deployment's (SEMANTICS §5; Kafka `kafka.tier-counts-topic`, NATS
+    /// `nats.tier-counts-bucket`). Counts of an instance that stopped publishing expire after
+    /// 3 intervals (at least 3 s). [`MIN_SHARE_INTERVAL`]..=[`MAX_SHARE_INTERVAL`];
+    /// default 1 s.
+    #[serde(with = "humantime_serde")]
+    pub share_interval: Duration,
 }
 
 /// One `[[tiers.tier]]` entry.
@@ -103,7 +118,7 @@ impl TierSpec {
 impl Default for TiersConfig {
     /// limit 600 per 1 min, recover-ratio 0.5, cooldown 5 min, tiers `normal`
     /// (`settle.ready.normal`) then `limited` (`settle.ready.limited`), demotion to the last
-    /// tier, events on `settle.tier-events`, nothing pinned.
+    /// tier, events on `settle.tier-events`, nothing pinned, counts shared every second.
     fn default() -> Self {
         TiersConfig {
             limit: 600,
@@ -117,6 +132,7 @@ impl Default for TiersConfig {
                 TierSpec::new("limited", "settle.ready.limited"),
             ],
             pinned: BTreeMap::new(),
+            share_interval: Duration::from_secs(1),
         }
     }
 }
@@ -178,6 +194,15 @@ impl TiersConfig {
                 format!(
                     "must be at most 24h, got {}",
                     humantime::format_duration(self.cooldown)
+                ),
+            ));
+        }
+        if self.share_interval < MIN_SHARE_INTERVAL || self.share_interval > MAX_SHARE_INTERVAL {
+            return Err(ConfigError::new(
+                "tiers.share-interval",
+                format!(
+                    "must be between 100ms and 1m, got {}",
+                    humantime::format_duration(self.share_interval)
                 ),
             ));
         }

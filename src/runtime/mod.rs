@@ -48,6 +48,7 @@ pub mod restore;
 pub mod status;
 pub mod throttle;
 pub mod tier_events;
+pub mod tier_share;
 
 pub use clock::{Clock, PartitionClock, SystemClock, TokioClock};
 pub use lookup::{Lookup, SessionLookup, SessionView};
@@ -62,7 +63,7 @@ use crate::engine::Engine;
 use crate::metrics::Metrics;
 use crate::store::{self, MemoryBudget, StoreOptions};
 use crate::tiers::{Router, SharedRouter, TierChange, TiersConfig};
-use crate::transport::{self, Backoff, PartitionInput, Sink, Source, SourceEvent};
+use crate::transport::{self, Backoff, PartitionInput, Sink, Source, SourceEvent, TierCounts};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -203,6 +204,8 @@ pub struct Runtime<K, C> {
     budget: MemoryBudget,
     /// Receiving end of the publishers' tier changes, for the tier-events task.
     tier_changes: mpsc::UnboundedReceiver<TierChange>,
+    /// Where the instances exchange their tier counts ([`Runtime::with_tier_counts`]).
+    tier_counts: Option<Arc<dyn TierCounts>>,
 }
 
 impl<K: Sink, C: Clock> Runtime<K, C> {
@@ -234,7 +237,19 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
             options,
             budget,
             tier_changes,
+            tier_counts: None,
         })
+    }
+
+    /// Shares this instance's tier counts with the other instances of the deployment through
+    /// `counts`, under the name `instance` (SEMANTICS §5; `tier_share`): at start the tier
+    /// state is restored from the log before any partition runs, then the counts are
+    /// exchanged every `tiers.share-interval`, so a tenant's rate is the deployment's.
+    /// `instance` must be unique among the live instances.
+    pub fn with_tier_counts(mut self, counts: Arc<dyn TierCounts>, instance: &str) -> Self {
+        self.ctx.tiers.router.lock().set_instance(instance);
+        self.tier_counts = Some(counts);
+        self
     }
 
     /// The status board the partition tasks write (clone it before `run`).
@@ -301,6 +316,28 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
             self.ctx.clock.clone(),
             tiers_stop.clone(),
         ));
+        let share_stop = CancellationToken::new();
+        let share_task = match self.tier_counts.clone() {
+            Some(counts) => {
+                let changes = self.ctx.tiers.changes.clone();
+                let router = self.ctx.tiers.router.clone();
+                tokio::select! {
+                    () = shutdown.cancelled() => {}
+                    _ = tier_share::restore(&router, &*counts, &self.ctx.clock, &changes) => {}
+                }
+                Some(tokio::spawn(tier_share::run(
+                    tier_share::TierShareSetup {
+                        router,
+                        counts,
+                        interval: self.options.tiers.share_interval,
+                        changes,
+                    },
+                    self.ctx.clock.clone(),
+                    share_stop.clone(),
+                )))
+            }
+            None => None,
+        };
         let mut running: HashMap<i32, Running> = HashMap::new();
         let mut summary = RunSummary::default();
         let mut backoff = Backoff::new(Duration::from_secs(5));
@@ -389,8 +426,15 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
         // After the partitions (their last emissions may still have changed a tier), within
         // what is left of the shutdown deadline.
         tiers_stop.cancel();
+        share_stop.cancel();
         let abort = tiers_task.abort_handle();
         let deadline = stopping + self.options.shutdown_deadline;
+        if let Some(task) = share_task {
+            let abort = task.abort_handle();
+            if tokio::time::timeout_at(deadline, task).await.is_err() {
+                abort.abort();
+            }
+        }
         if tokio::time::timeout_at(deadline, tiers_task).await.is_err() {
             abort.abort();
         }

@@ -4,7 +4,8 @@
 //! * **Sweep**: about once per [`SWEEP_INTERVAL`] it calls [`SharedRouter::sweep`] with the
 //!   wall clock, so a demoted tenant that went quiet is promoted back (and idle tenants are
 //!   forgotten) without waiting for its next emission.
-//! * **Publish**: every change (from a publisher's `route` or from a sweep) is published to
+//! * **Publish**: every change (from a publisher's `route`, a sweep, or the tier-share task)
+//!   whose tenant this instance reports (`Router::reports`; alone, every tenant) is published to
 //!   `tiers.events-topic` through the runtime's [`Sink`] ([`Sink::publish_tier_change`]:
 //!   key = tenant, value = `{tenant, from, to, rate, limit, at, reason}`), one at a time and
 //!   in the order decided, retried with backoff while the broker is unavailable. Emissions
@@ -22,8 +23,9 @@
 //!
 //! # Soft state
 //!
-//! Tier state lives in the process, not in the partition stores (see `tiers` "Several
-//! instances"). Accordingly tier events are best-effort within a bound: a change not yet
+//! Tier state lives in the process and in the tier-counts log (`runtime::tier_share`), not
+//! in the partition stores (see `tiers` "Several instances"). Tier events are best-effort
+//! within a bound: a change not yet
 //! acknowledged when the process stops is retried until `flush_timeout`, then dropped with a
 //! warning; a SIGKILL loses the unpublished ones. Emissions are not affected either way.
 //! `tiers.json` is replaced atomically but not fsynced.
@@ -69,7 +71,7 @@ pub struct TierSnapshot {
     pub tiers: Vec<TierSpec>,
     /// `tiers.events-topic`.
     pub events_topic: String,
-    /// `tiers.limit` (emissions per `period`, per tenant, per instance).
+    /// `tiers.limit` (emissions per `period`, per tenant, across the instances sharing counts).
     pub limit: u64,
     /// `tiers.period` (ms).
     pub period_ms: u64,
@@ -83,8 +85,18 @@ pub struct TierSnapshot {
     pub recent_changes: Vec<TierChange>,
     /// Tier changes decided but not yet acknowledged on the events topic.
     pub events_unpublished: usize,
+    /// Tier changes this instance decided and left to the tenant's reporting instance to
+    /// publish (`Router::reports`).
+    #[serde(default)]
+    pub events_reported_elsewhere: u64,
     /// The router's counters (demotions, recoveries, emissions routed per tier, gauges).
     pub counters: TierCounters,
+    /// This instance's name in the shared tier counts (`""`: not sharing).
+    #[serde(default)]
+    pub instance: String,
+    /// The other instances whose counts are summed now, sorted.
+    #[serde(default)]
+    pub live_instances: Vec<String>,
 }
 
 /// Reads `<data_dir>/tiers.json`; `Ok(None)` when there is none (no runtime ran there yet).
@@ -157,6 +169,7 @@ pub(crate) async fn run<K: Sink, C: Clock>(
         recent: VecDeque::new(),
         pending: VecDeque::new(),
         write_failing: false,
+        reported_elsewhere: 0,
     };
     task.write(clock.now_ms());
     let mut sweep = tokio::time::interval(SWEEP_INTERVAL);
@@ -274,15 +287,25 @@ struct Task<K> {
     pending: VecDeque<TierChange>,
     /// The last file write failed (log the next failure at debug only).
     write_failing: bool,
+    /// Changes left to the tenant's reporting instance.
+    reported_elsewhere: u64,
 }
 
 impl<K: Sink> Task<K> {
+    /// Keeps `change` among the recent ones, and queues it for the events topic when this
+    /// instance reports its tenant (`Router::reports`: one instance per tenant publishes, so
+    /// a change the whole deployment decided is one record, SEMANTICS §5).
     fn record(&mut self, change: TierChange) {
         if self.recent.len() == RECENT_CHANGES {
             self.recent.pop_front();
         }
         self.recent.push_back(change.clone());
-        self.pending.push_back(change);
+        if self.router.lock().reports(&change.tenant) {
+            self.pending.push_back(change);
+        } else {
+            self.reported_elsewhere += 1;
+            tracing::debug!(tenant = %change.tenant, "tier change published by another instance (its reporter)");
+        }
     }
 
     /// Starts publishing the oldest pending change, if any.
@@ -296,9 +319,19 @@ impl<K: Sink> Task<K> {
     }
 
     fn snapshot(&self, now: Millis) -> TierSnapshot {
-        let (demoted, counters) = {
+        let (demoted, counters, instance, live_instances) = {
             let router = self.router.lock();
-            (router.demoted(now), router.counters())
+            let live: Vec<String> = router
+                .live_instances()
+                .into_iter()
+                .map(str::to_owned)
+                .collect();
+            (
+                router.demoted(now),
+                router.counters(),
+                router.instance().to_owned(),
+                live,
+            )
         };
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         TierSnapshot {
@@ -312,7 +345,10 @@ impl<K: Sink> Task<K> {
             demoted,
             recent_changes: self.recent.iter().cloned().collect(),
             events_unpublished: self.pending.len(),
+            events_reported_elsewhere: self.reported_elsewhere,
             counters,
+            instance,
+            live_instances,
         }
     }
 

@@ -25,9 +25,10 @@ use crate::engine::Engine;
 use crate::runtime::{progress, PartitionExit, RunSummary, Runtime, RuntimeOptions, SystemClock};
 use crate::transport::kafka::{self, KafkaSink, KafkaSource};
 use crate::transport::nats::{self, NatsSink, NatsSource};
-use crate::transport::{Sink, Source};
+use crate::transport::{Sink, Source, TierCounts};
 use anyhow::Context as _;
 use std::path::Path;
+use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 /// `settle run`: loads the config (`file`, then `SETTLE_*` variables), applies the
@@ -127,7 +128,9 @@ pub async fn run_until(config: &Config, shutdown: CancellationToken) -> anyhow::
             sink.attach_group(&source);
             kafka::warn_missing_topics(k, &config.tiers).await;
             options.lease = Some(k.lease());
-            serve(config, options, source, sink, shutdown).await
+            let counts = kafka::TierCountsTopic::new(k)?
+                .map(|c| (c as Arc<dyn TierCounts>, k.instance_id()));
+            serve(config, options, source, sink, counts, shutdown).await
         }
         Transport::Nats => {
             let n = &config.nats;
@@ -137,8 +140,10 @@ pub async fn run_until(config: &Config, shutdown: CancellationToken) -> anyhow::
             let partitions = n.owned_partitions().len().max(1);
             let js = nats::jetstream(client, options.publish_window.max(1) * partitions * 2);
             let sink = NatsSink::new(js.clone(), n);
+            let counts = nats::TierCountsBucket::new(js.clone(), n)
+                .map(|c| (Arc::new(c) as Arc<dyn TierCounts>, n.instance_name()));
             let source = NatsSource::new(js, n, &config.tiers);
-            serve(config, options, source, sink, shutdown).await
+            serve(config, options, source, sink, counts, shutdown).await
         }
     }
 }
@@ -150,14 +155,19 @@ async fn serve<S: Source, K: Sink>(
     options: RuntimeOptions,
     source: S,
     sink: K,
+    counts: Option<(Arc<dyn TierCounts>, String)>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<RunSummary> {
-    let runtime = Runtime::new(
+    let mut runtime = Runtime::new(
         Engine::new(config.policy_table()),
         sink,
         SystemClock,
         options,
     )?;
+    if let Some((counts, instance)) = counts {
+        tracing::info!(log = counts.name(), %instance, every_ms = config.tiers.share_interval.as_millis() as u64, "sharing tier counts with the other instances");
+        runtime = runtime.with_tier_counts(counts, &instance);
+    }
     let admin = AdminServer::start_for(&config.admin, &runtime).await?;
     let watch = tokio::spawn(progress::watch(runtime.status(), shutdown.clone()));
     let summary = runtime.run(source, shutdown).await;

@@ -79,20 +79,36 @@
 //! scheduling. If profiling ever shows the lock hot, shard by tenant hash (N routers, N
 //! locks): decisions stay exact because a tenant lives in one shard.
 //!
-//! # Several instances
+//! # Several instances: the deployment's rate (`share`)
 //!
-//! Tier state is soft, per-process state: not in the store, not in the changelog. Each
-//! instance measures the emissions *it* publishes. A tenant whose sessions are spread over
-//! all partitions is seen by each of `N` instances at about `1/N` of its total rate, so
-//! cluster-wide it is demoted only past roughly `N × limit` per period, and then by each
-//! instance on its own (its emissions may go to both tier topics for a short while, and
-//! each instance publishes its own [`TierChange`] events). A tenant with few sessions may sit
-//! on one instance and be measured against `limit` alone. Operators should therefore set
-//! `limit` to *the per-instance share* of the cluster-wide rate they want to tolerate:
-//! `limit = cluster_limit / instances` (recompute when scaling), accepting that concentrated
-//! tenants are demoted a little earlier. After a restart or a rebalance every tenant starts in
-//! its starting tier again; a still-noisy tenant is demoted again after `limit + 1` emissions,
-//! so the normal tier absorbs at most about `limit` extra emissions per instance per restart.
+//! A tenant's sessions hash to every partition, and the partitions are split over the
+//! instances, so each instance publishes about `1/N` of a spread tenant's emissions. §5 wants
+//! the deployment's rate, so the instances add up their counts through the broker (no lock,
+//! no extra service): every `tiers.share-interval` each instance's tier-share task
+//! (`runtime::tier_share`) publishes its [`CountsSnapshot`] ([`Router::share_snapshot`]:
+//! its own count of each tenant in the current window, and its demoted tenants), and hands
+//! every other instance's to [`Router::apply_remote`]. The router keeps the latest counts of
+//! each live instance and their sum per tenant; a tenant's count in every decision is its
+//! own window plus that sum:
+//!
+//! * **Demotion** when that total exceeds `limit`, checked on each own emission and on each
+//!   arriving snapshot (so an instance demotes a tenant it publishes nothing of, and is ready
+//!   when that tenant's sessions move to it). Remote counts are up to one interval old: a
+//!   tenant ramping up is caught within about one interval of crossing the limit.
+//! * **Recovery** needs the total below the threshold for `cooldown`: a total at or above it
+//!   seen with remote counts in it holds the tenant until one interval later
+//!   (`Tenant::shared_above_until`), besides the exact own-window bound.
+//! * **Expiry**: counts of an instance whose last snapshot is older than 3 intervals (at least
+//!   3 s) stop counting ([`Router::sweep`] drops them).
+//! * **One event per change**: every instance moves the tenant at about the same moment; only
+//!   the tenant's reporter ([`Router::reports`], a stable hash among the live instances)
+//!   publishes the change (the tier-events task asks).
+//! * **Restore** ([`Router::restore`]): at start, the latest snapshot of every instance ever
+//!   seen is read back; tenants demoted in any of them start demoted unless their cooldown
+//!   has run out since, and the counts of instances still live are summed at once.
+//!
+//! Without a tier-counts log (memory transport, or sharing turned off) the router is what
+//! it was: it measures only this process's emissions and starts empty.
 //!
 //! # How the runtime uses it
 //!
@@ -113,18 +129,20 @@
 //!   the metrics endpoint and `tiers.json`).
 
 mod event;
+pub mod share;
 mod window;
 
 pub use crate::config::tiers::{
-    ConfigError, TierSpec, TiersConfig, MAX_DURATION, MAX_LIMIT, MAX_TIER_NAME_BYTES,
-    MAX_TOPIC_BYTES,
+    ConfigError, TierSpec, TiersConfig, MAX_DURATION, MAX_LIMIT, MAX_SHARE_INTERVAL,
+    MAX_TIER_NAME_BYTES, MAX_TOPIC_BYTES, MIN_SHARE_INTERVAL,
 };
 pub(crate) use event::rfc3339_ms;
 pub use event::{ChangeReason, DemotedTenant, TierChange, TierCounters};
+pub use share::{CountsSnapshot, SharedDemotion, MAX_SHARED_TENANTS};
 
 use crate::engine::Millis;
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use window::{RateWindow, WindowParams};
 
@@ -250,6 +268,9 @@ struct Rules {
     window: WindowParams,
     /// `tiers.cooldown` in ms.
     cooldown: Millis,
+    /// `tiers.share-interval` in ms: a deployment-wide count seen at `t` is taken to hold
+    /// until `t + share_interval` (the next snapshot).
+    share_interval: Millis,
 }
 
 /// What the router keeps per tracked tenant.
@@ -258,6 +279,10 @@ struct Tenant {
     window: RateWindow,
     /// Set while automatically demoted: when it happened (ms).
     demoted_since: Option<Millis>,
+    /// Until when the deployment-wide rate (own window plus the other instances' counts) was
+    /// last seen at or above the recovery threshold (ms); `Millis::MIN`: never. The own
+    /// window alone is tracked exactly by `window.above_until()`.
+    shared_above_until: Millis,
 }
 
 impl Tenant {
@@ -265,64 +290,106 @@ impl Tenant {
         Tenant {
             window: RateWindow::new(),
             demoted_since: None,
+            shared_above_until: Millis::MIN,
         }
     }
 
-    /// Earliest promotion time: the rate fell below the threshold at `above_until`, plus
-    /// `cooldown`.
+    /// Earliest promotion time: the rate fell below the threshold at the later of
+    /// `window.above_until()` and `shared_above_until`, plus `cooldown`.
     fn recovers_at(&self, rules: &Rules) -> Millis {
-        self.window.above_until().saturating_add(rules.cooldown)
+        self.above_until().saturating_add(rules.cooldown)
+    }
+
+    /// Until when the rate was last known at or above the recovery threshold.
+    fn above_until(&self) -> Millis {
+        self.window.above_until().max(self.shared_above_until)
+    }
+
+    /// Notes the deployment-wide count `total` seen at `now`, of which `remote` came from
+    /// other instances: at or above the recovery threshold, the rate is taken to stay there
+    /// until the next snapshot.
+    fn observe(&mut self, total: u64, remote: u64, now: Millis, rules: &Rules) {
+        if remote > 0 && total >= rules.window.recover_below as u64 {
+            self.shared_above_until = self
+                .shared_above_until
+                .max(now.saturating_add(rules.share_interval));
+        }
     }
 
     /// Promotes the tenant if it is demoted and has been below the recovery threshold for
-    /// `cooldown` at `now` (window already expired to `now`).
+    /// `cooldown` at `now` (window already expired to `now`); `remote` is the other
+    /// instances' count of it.
     fn try_recover(
         &mut self,
         tenant: &str,
         now: Millis,
+        remote: u64,
         table: &TierTable,
         rules: &Rules,
     ) -> Option<TierChange> {
-        if self.demoted_since.is_none() || now < self.recovers_at(rules) {
+        self.demoted_since?;
+        let total = self.window.count_at(now, &rules.window) + remote;
+        self.observe(total, remote, now, rules);
+        if now < self.recovers_at(rules) {
             return None;
         }
         self.demoted_since = None;
         Some(table.change(
             tenant,
             (table.demote_to, 0),
-            self.window.count_at(now, &rules.window),
+            total,
             rules.window.limit,
             now,
             ChangeReason::Recovered,
         ))
     }
 
-    /// Counts one emission at `now` and returns the tier it goes to, with the change it caused.
+    /// Demotes the tenant when it may move and `total` (its deployment-wide count at `now`)
+    /// exceeds `limit`.
+    fn try_demote(
+        &mut self,
+        tenant: &str,
+        pinned: Option<TierId>,
+        total: u64,
+        now: Millis,
+        table: &TierTable,
+        rules: &Rules,
+    ) -> Option<TierChange> {
+        if pinned.is_some()
+            || self.demoted_since.is_some()
+            || !table.auto_demotion()
+            || total <= rules.window.limit
+        {
+            return None;
+        }
+        self.demoted_since = Some(now);
+        Some(table.change(
+            tenant,
+            (0, table.demote_to),
+            total,
+            rules.window.limit,
+            now,
+            ChangeReason::RateExceeded,
+        ))
+    }
+
+    /// Counts one emission at `now` and returns the tier it goes to, with the change it caused;
+    /// `remote` is the other instances' count of the tenant.
     fn step(
         &mut self,
         tenant: &str,
         pinned: Option<TierId>,
         now: Millis,
+        remote: u64,
         table: &TierTable,
         rules: &Rules,
     ) -> (TierId, Option<TierChange>) {
         self.window.expire(now, &rules.window);
-        let mut change = self.try_recover(tenant, now, table, rules);
-        let count = self.window.record(now, &rules.window);
-        if pinned.is_none()
-            && self.demoted_since.is_none()
-            && table.auto_demotion()
-            && count > rules.window.limit
-        {
-            self.demoted_since = Some(now);
-            change = Some(table.change(
-                tenant,
-                (0, table.demote_to),
-                count,
-                rules.window.limit,
-                now,
-                ChangeReason::RateExceeded,
-            ));
+        let mut change = self.try_recover(tenant, now, remote, table, rules);
+        let total = self.window.record(now, &rules.window) + remote;
+        self.observe(total, remote, now, rules);
+        if let Some(c) = self.try_demote(tenant, pinned, total, now, table, rules) {
+            change = Some(c);
         }
         let tier = match (pinned, self.demoted_since) {
             (Some(p), _) => p,
@@ -360,6 +427,36 @@ pub struct Router {
     demotions: u64,
     recoveries: u64,
     routed: Vec<u64>,
+    /// This instance's name in shared snapshots (`""`: not sharing).
+    instance: String,
+    /// The latest counts of every other live instance, by instance name.
+    remotes: BTreeMap<String, Remote>,
+    /// Tenant → sum of `remotes`' counts of it (entries are removed when they reach 0).
+    remote_sum: HashMap<Arc<str>, u64>,
+    /// A snapshot with another `period` was seen (logged once).
+    period_mismatch: bool,
+}
+
+/// The latest counts of one other instance ([`CountsSnapshot`]).
+#[derive(Debug)]
+struct Remote {
+    counts: Vec<(Arc<str>, u64)>,
+    /// Router time after which they no longer count.
+    expires_at: Millis,
+}
+
+/// What [`Router::restore`] took from the snapshots read at start.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Restored {
+    /// Snapshots read (one per instance that ever published, as the log keeps them).
+    pub snapshots: usize,
+    /// Of those, instances still live (their counts are summed).
+    pub live: usize,
+    /// Tenants demoted again because a snapshot had them demoted and they have not recovered
+    /// by the rule since.
+    pub demoted: usize,
+    /// Demotions decided on the live instances' counts (to publish like route changes).
+    pub changes: Vec<TierChange>,
 }
 
 impl Router {
@@ -376,6 +473,8 @@ impl Router {
             rules: Rules {
                 window: WindowParams::new(period, config.limit, config.recover_ratio),
                 cooldown,
+                share_interval: Millis::try_from(config.share_interval.as_millis())
+                    .unwrap_or(Millis::MAX),
             },
             tenants: HashMap::new(),
             checks: BinaryHeap::new(),
@@ -383,7 +482,22 @@ impl Router {
             clock: Millis::MIN,
             demotions: 0,
             recoveries: 0,
+            instance: String::new(),
+            remotes: BTreeMap::new(),
+            remote_sum: HashMap::new(),
+            period_mismatch: false,
         })
+    }
+
+    /// Names this instance in the snapshots it shares ([`Router::share_snapshot`]); its own
+    /// snapshots read back from the broker are then ignored ([`Router::apply_remote`]).
+    pub fn set_instance(&mut self, instance: &str) {
+        self.instance = instance.to_owned();
+    }
+
+    /// This instance's name in shared snapshots (`""` until [`Router::set_instance`]).
+    pub fn instance(&self) -> &str {
+        &self.instance
     }
 
     /// The tier list.
@@ -406,12 +520,13 @@ impl Router {
     fn decide(&mut self, tenant: &str, now_ms: Millis) -> (TierId, Option<TierChange>) {
         let now = self.advance(now_ms);
         let pinned = self.table.pinned.get(tenant).copied();
+        let remote = self.remote_sum.get(tenant).copied().unwrap_or(0);
         let (table, rules) = (&*self.table, &self.rules);
         let (tier, change) = match self.tenants.get_mut(tenant) {
-            Some(t) => t.step(tenant, pinned, now, table, rules),
+            Some(t) => t.step(tenant, pinned, now, remote, table, rules),
             None => {
                 let mut t = Tenant::new();
-                let stepped = t.step(tenant, pinned, now, table, rules);
+                let stepped = t.step(tenant, pinned, now, remote, table, rules);
                 let key: Arc<str> = Arc::from(tenant);
                 let check = t.next_check(rules).unwrap_or(now);
                 self.checks.push(Reverse((check, Arc::clone(&key))));
@@ -431,6 +546,7 @@ impl Router {
     /// clock as [`Router::route`], and publish the returned changes.
     pub fn sweep(&mut self, now_ms: Millis, budget: usize) -> Sweep {
         let now = self.advance(now_ms);
+        self.expire_remotes(now);
         let mut sweep = Sweep::default();
         let mut looked = 0;
         while looked < budget
@@ -449,7 +565,8 @@ impl Router {
                 continue;
             };
             t.window.expire(now, &rules.window);
-            let change = t.try_recover(&key, now, table, rules);
+            let remote = self.remote_sum.get(&*key).copied().unwrap_or(0);
+            let change = t.try_recover(&key, now, remote, table, rules);
             match t.next_check(rules) {
                 Some(at) => self.checks.push(Reverse((at, key))),
                 None => {
@@ -481,14 +598,259 @@ impl Router {
         }
     }
 
-    /// The tenant's rate at `now_ms`: emissions in `(now - period, now]` (emissions per
-    /// period). Exact up to `limit + 1`; above that an estimate that may over-count by the
-    /// emissions of one `period / 64` slice. 0 for an unknown or forgotten tenant.
+    /// The tenant's deployment-wide rate at `now_ms`: this instance's emissions in
+    /// `(now - period, now]` plus the latest counts of the other live instances (emissions per
+    /// period). This instance's part is exact up to `limit + 1`; above that an estimate that
+    /// may over-count by the emissions of one `period / 64` slice. 0 for an unknown or
+    /// forgotten tenant.
     pub fn rate_of(&self, tenant: &str, now_ms: Millis) -> u64 {
         let now = now_ms.max(self.clock);
-        self.tenants
+        let own = self
+            .tenants
             .get(tenant)
-            .map_or(0, |t| t.window.rate_at(now, &self.rules.window))
+            .map_or(0, |t| t.window.rate_at(now, &self.rules.window));
+        own + self.remote_sum.get(tenant).copied().unwrap_or(0)
+    }
+
+    /// The other instances' latest count of `tenant` (0 when none is live or none counts it).
+    pub fn remote_count(&self, tenant: &str) -> u64 {
+        self.remote_sum.get(tenant).copied().unwrap_or(0)
+    }
+
+    /// Names of the other instances whose counts are live now, sorted.
+    pub fn live_instances(&self) -> Vec<&str> {
+        self.remotes.keys().map(String::as_str).collect()
+    }
+
+    /// Whether this instance is the one that publishes `tenant`'s tier changes: of this
+    /// instance and the live others, sorted by name, the one at
+    /// `stable_hash(tenant) mod count`. Every instance decides a tenant's tier on the same
+    /// deployment-wide counts, so all of them move it at about the same time; only this one
+    /// publishes the change, so one change is one tier-events record (§5). Alone (or not
+    /// sharing) an instance reports every tenant.
+    pub fn reports(&self, tenant: &str) -> bool {
+        if self.remotes.is_empty() {
+            return true;
+        }
+        let n = self.remotes.len() as u64 + 1;
+        let pick = (share::stable_hash(tenant.as_bytes()) % n) as usize;
+        let mut names: Vec<&str> = self.remotes.keys().map(String::as_str).collect();
+        names.push(&self.instance);
+        names.sort_unstable();
+        names[pick] == self.instance
+    }
+
+    /// This instance's snapshot at `now_ms` for the others ([`CountsSnapshot`]): its own
+    /// emissions of each tenant in the current window (the [`MAX_SHARED_TENANTS`] largest
+    /// non-zero counts; pinned tenants left out) and the tenants it has demoted.
+    pub fn share_snapshot(&mut self, now_ms: Millis) -> CountsSnapshot {
+        let now = self.advance(now_ms);
+        let rules = &self.rules;
+        let mut counts: Vec<(&str, u64)> = self
+            .tenants
+            .iter()
+            .filter(|(name, _)| !self.table.pinned.contains_key(&***name))
+            .map(|(name, t)| (&**name, t.window.rate_at(now, &rules.window)))
+            .filter(|&(_, c)| c > 0)
+            .collect();
+        if counts.len() > MAX_SHARED_TENANTS {
+            counts.select_nth_unstable_by(MAX_SHARED_TENANTS - 1, |a, b| b.1.cmp(&a.1));
+            counts.truncate(MAX_SHARED_TENANTS);
+        }
+        let demoted = self
+            .demoted
+            .iter()
+            .filter_map(|name| {
+                let t = self.tenants.get(name)?;
+                Some(SharedDemotion {
+                    tenant: name.to_string(),
+                    since: t.demoted_since?,
+                    above_until: t.above_until(),
+                })
+            })
+            .take(MAX_SHARED_TENANTS)
+            .collect();
+        CountsSnapshot {
+            instance: self.instance.clone(),
+            at: now,
+            period_ms: rules.window.period as u64,
+            interval_ms: rules.share_interval as u64,
+            counts: counts
+                .into_iter()
+                .map(|(name, c)| (name.to_owned(), c))
+                .collect(),
+            demoted,
+        }
+    }
+
+    /// Takes another instance's snapshot, received at `now_ms`: its counts replace that
+    /// instance's earlier ones in every tenant's deployment-wide rate until they expire
+    /// ([`CountsSnapshot::expires_at`]), and each tenant it counts is checked at once, so a
+    /// tenant is demoted here as soon as the deployment's rate crosses `limit`, even if this
+    /// instance publishes none of its emissions. A snapshot of this instance itself is
+    /// ignored. Returns the changes made (demotions), to publish like route changes.
+    pub fn apply_remote(&mut self, snapshot: &CountsSnapshot, now_ms: Millis) -> Vec<TierChange> {
+        let now = self.advance(now_ms);
+        self.take_remote(snapshot, snapshot.expires_at(now), now)
+    }
+
+    fn take_remote(
+        &mut self,
+        snapshot: &CountsSnapshot,
+        expires_at: Millis,
+        now: Millis,
+    ) -> Vec<TierChange> {
+        if snapshot.instance == self.instance {
+            return Vec::new();
+        }
+        if snapshot.period_ms != self.rules.window.period as u64 && !self.period_mismatch {
+            self.period_mismatch = true;
+            tracing::warn!(
+                instance = %snapshot.instance,
+                their_period_ms = snapshot.period_ms,
+                our_period_ms = self.rules.window.period,
+                "an instance counts over another tiers.period: its counts are summed anyway; give every instance the same [tiers]"
+            );
+        }
+        self.drop_remote(&snapshot.instance);
+        let mut counts = Vec::with_capacity(snapshot.counts.len());
+        for (tenant, &count) in &snapshot.counts {
+            let key: Arc<str> = match self.remote_sum.get_key_value(tenant.as_str()) {
+                Some((k, _)) => Arc::clone(k),
+                None => Arc::from(tenant.as_str()),
+            };
+            *self.remote_sum.entry(Arc::clone(&key)).or_insert(0) += count;
+            counts.push((key, count));
+        }
+        let mut changes = Vec::new();
+        for (tenant, _) in &counts {
+            if let Some(c) = self.check_shared(tenant, now) {
+                changes.push(c);
+            }
+        }
+        self.remotes
+            .insert(snapshot.instance.clone(), Remote { counts, expires_at });
+        changes
+    }
+
+    /// Re-checks `tenant` against its deployment-wide count at `now` after the other
+    /// instances' counts changed: a demotion, or a later earliest recovery.
+    fn check_shared(&mut self, tenant: &Arc<str>, now: Millis) -> Option<TierChange> {
+        let pinned = self.table.pinned.get(&**tenant).copied();
+        if pinned.is_some() || !self.table.auto_demotion() {
+            return None;
+        }
+        let remote = self.remote_sum.get(&**tenant).copied().unwrap_or(0);
+        let (table, rules) = (&*self.table, &self.rules);
+        let change = match self.tenants.get_mut(&**tenant) {
+            Some(t) => {
+                t.window.expire(now, &rules.window);
+                let total = t.window.count_at(now, &rules.window) + remote;
+                t.observe(total, remote, now, rules);
+                t.try_demote(tenant, pinned, total, now, table, rules)
+            }
+            None if remote > rules.window.limit => {
+                let mut t = Tenant::new();
+                t.observe(remote, remote, now, rules);
+                let change = t.try_demote(tenant, pinned, remote, now, table, rules);
+                let check = t.next_check(rules).unwrap_or(now);
+                self.checks.push(Reverse((check, Arc::clone(tenant))));
+                self.tenants.insert(Arc::clone(tenant), t);
+                change
+            }
+            None => None,
+        }?;
+        self.note(&change);
+        Some(change)
+    }
+
+    /// Removes `instance`'s counts from the sums.
+    fn drop_remote(&mut self, instance: &str) {
+        let Some(old) = self.remotes.remove(instance) else {
+            return;
+        };
+        for (tenant, count) in old.counts {
+            if let Some(sum) = self.remote_sum.get_mut(&tenant) {
+                *sum = sum.saturating_sub(count);
+                if *sum == 0 {
+                    self.remote_sum.remove(&tenant);
+                }
+            }
+        }
+    }
+
+    /// Drops the counts of instances that stopped publishing (expired at `now`).
+    fn expire_remotes(&mut self, now: Millis) {
+        let gone: Vec<String> = self
+            .remotes
+            .iter()
+            .filter(|(_, r)| r.expires_at <= now)
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in gone {
+            tracing::info!(instance = %name, "tier counts of an instance expired: it stopped publishing them");
+            self.drop_remote(&name);
+        }
+    }
+
+    /// Restores tier state at start from the latest snapshot of every instance that published
+    /// one (as read from the broker, `now_ms` the wall clock): counts of instances still live
+    /// (their snapshot younger than its expiry) are summed as by [`Router::apply_remote`], and
+    /// every tenant demoted in any snapshot is demoted here again (from its earliest `since`,
+    /// with its latest `above-until`) unless it has recovered by the rule since (its
+    /// `above-until` plus `cooldown` passed). Restored demotions are not changes: nothing is published for them
+    /// (the change was published when it happened). This instance's own snapshots of an
+    /// earlier run (same name) count as any other's demotions, not as live counts.
+    pub fn restore(&mut self, snapshots: &[CountsSnapshot], now_ms: Millis) -> Restored {
+        let now = self.advance(now_ms);
+        let mut restored = Restored {
+            snapshots: snapshots.len(),
+            ..Restored::default()
+        };
+        let mut demotions: BTreeMap<&str, (Millis, Millis)> = BTreeMap::new();
+        for s in snapshots {
+            for d in &s.demoted {
+                let e = demotions
+                    .entry(d.tenant.as_str())
+                    .or_insert((d.since, d.above_until));
+                e.0 = e.0.min(d.since);
+                e.1 = e.1.max(d.above_until);
+            }
+        }
+        for (tenant, (since, above_until)) in demotions {
+            if self.table.pinned.contains_key(tenant)
+                || !self.table.auto_demotion()
+                || above_until.saturating_add(self.rules.cooldown) <= now
+            {
+                continue;
+            }
+            let key: Arc<str> = Arc::from(tenant);
+            let is_new = !self.tenants.contains_key(tenant);
+            let t = self
+                .tenants
+                .entry(Arc::clone(&key))
+                .or_insert_with(Tenant::new);
+            if t.demoted_since.is_none() {
+                t.demoted_since = Some(since);
+                restored.demoted += 1;
+            }
+            t.shared_above_until = t.shared_above_until.max(above_until);
+            if is_new {
+                // One heap entry per tracked tenant; a known tenant has its entry already.
+                let check = t.next_check(&self.rules).unwrap_or(now);
+                self.checks.push(Reverse((check, Arc::clone(&key))));
+            }
+            self.demoted.insert(key);
+        }
+        for s in snapshots {
+            let expires_at = s.expires_at(s.at);
+            if s.instance != self.instance && expires_at > now {
+                restored.live += 1;
+                let changes = self.take_remote(s, expires_at, now);
+                restored.changes.extend(changes);
+            }
+        }
+        restored
     }
 
     /// Tenants currently demoted automatically, sorted by tenant, with their rate at `now_ms`

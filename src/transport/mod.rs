@@ -431,6 +431,45 @@ pub trait Sink: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), Error>> + Send;
 }
 
+/// Where the instances of one deployment exchange their tier counts (SEMANTICS §5: a
+/// tenant's rate is the deployment's; `tiers::share`): a log that keeps the latest snapshot
+/// of each instance, keyed by instance name. Kafka: the compacted `kafka.tier-counts-topic`
+/// (`kafka::TierCountsTopic`); NATS: the KV bucket `nats.tier-counts-bucket`
+/// (`nats::TierCountsBucket`). The transport moves bytes; the runtime's tier-share task
+/// (`runtime::tier_share`) encodes and decides. Optional: without one (memory transport, or
+/// the name set to `""`), every instance measures only its own emissions.
+pub trait TierCounts: Send + Sync + 'static {
+    /// Where the snapshots live (topic or bucket name), for log lines.
+    fn name(&self) -> &str;
+
+    /// Stores `snapshot` as the latest of `instance`; resolves once the broker acknowledged it.
+    ///
+    /// Errors: [`Error::Unavailable`] (the caller skips this snapshot and sends the next one
+    /// on time), [`Error::Fatal`] (the caller logs it and goes on without sharing).
+    fn publish(&self, instance: &str, snapshot: Vec<u8>) -> BoxFuture<'_, Result<(), Error>>;
+
+    /// The latest snapshot of every instance the log holds now (also of instances long gone:
+    /// the caller decides by their time), waiting at most `timeout` for the broker.
+    ///
+    /// Errors: [`Error::Unavailable`] (the broker did not answer in time: the caller starts
+    /// without restored tiers and says so), [`Error::Fatal`].
+    fn read_latest(&self, timeout: Duration) -> BoxFuture<'_, Result<Vec<Vec<u8>>, Error>>;
+
+    /// A feed of the snapshots published from now on, by any instance (its own included).
+    ///
+    /// Errors: as for [`TierCounts::read_latest`].
+    fn subscribe(&self) -> BoxFuture<'_, Result<Box<dyn TierCountsFeed>, Error>>;
+}
+
+/// The snapshots published after [`TierCounts::subscribe`], in the order the log has them.
+pub trait TierCountsFeed: Send {
+    /// The next snapshot; waits for one.
+    ///
+    /// Errors: [`Error::Unavailable`] (the caller subscribes again after a backoff),
+    /// [`Error::Fatal`].
+    fn next(&mut self) -> BoxFuture<'_, Result<Vec<u8>, Error>>;
+}
+
 /// One partition's transactions in exactly-once mode (see [`Sink::transactions`]).
 pub trait TxnWriter: Send {
     /// Commits, in ONE transaction: the ready records `messages`, the changelog records

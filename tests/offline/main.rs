@@ -36,6 +36,7 @@ mod store_changelog;
 mod store_recovery;
 mod tiers_config;
 mod tiers_router;
+mod tiers_share;
 mod tune_grammar;
 mod tune_learn;
 mod tune_pareto;

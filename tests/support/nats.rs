@@ -72,6 +72,7 @@ impl Setup {
             consumer_prefix: format!("c{id}"),
             changelog_stream: format!("T_{id}_CL"),
             changelog_subject_prefix: format!("t{id}.changelog"),
+            tier_counts_bucket: format!("T_{id}_TC"),
             partitions,
             storage,
             ..NatsConfig::default()
@@ -223,8 +224,13 @@ impl Setup {
         }
     }
 
-    /// Deletes the test's streams (with their consumers), changelog streams included.
+    /// Deletes the test's streams (with their consumers), changelog streams and tier-counts
+    /// bucket included.
     pub async fn cleanup(&self) {
+        let _ = self
+            .js
+            .delete_key_value(&self.nats.tier_counts_bucket)
+            .await;
         for s in [&self.nats.input_stream, &self.nats.output_stream] {
             let _ = self.js.delete_stream(s).await;
         }
@@ -255,6 +261,7 @@ dead-letter-subject = "{dlq}"
 output-stream = "{output}"
 changelog-stream = "{changelog}"
 changelog-subject-prefix = "{changelog_prefix}"
+tier-counts-bucket = "{tier_counts}"
 storage = "memory"
 
 [tiers]
@@ -275,6 +282,7 @@ topic = "{limited}"
             output = n.output_stream,
             changelog = n.changelog_stream,
             changelog_prefix = n.changelog_subject_prefix,
+            tier_counts = n.tier_counts_bucket,
             events = self.tiers.events_topic,
             normal = self.tier_subject("normal"),
             limited = self.tier_subject("limited"),

@@ -6,7 +6,8 @@
 //! Files, by concern: [`consumer`] (the group member, its rebalance callbacks and one input
 //! per partition; the check at assignment that the partition's log reaches the stored
 //! offset), [`producer`] (the sink), `changelog` (changelog producer and restore reader),
-//! `txn` (exactly-once transactions), [`topics`] (topic checks and the tooling that creates,
+//! `txn` (exactly-once transactions), [`tier_counts`] (the topic where instances exchange
+//! their tier counts), [`topics`] (topic checks and the tooling that creates,
 //! produces to and reads back topics); this file holds what they share: headers, timeouts,
 //! error classification and the logging of each client's health.
 //!
@@ -84,12 +85,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 mod changelog;
 pub mod consumer;
 pub mod producer;
+pub mod tier_counts;
 pub mod topics;
 mod txn;
 
 pub use crate::config::kafka::{KafkaConfig, KafkaConfigError, ProcessingGuarantee, Role};
 pub use consumer::{KafkaInput, KafkaSource};
 pub use producer::KafkaSink;
+pub use tier_counts::TierCountsTopic;
 pub use topics::{
     committed_offsets, create_topics, partition_count, produce_all, read_topic,
     warn_missing_topics, Delivered, OutRecord, TopicRecord,

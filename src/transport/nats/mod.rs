@@ -7,7 +7,8 @@
 //! partition; the check at assignment that the stream reaches the stored offset),
 //! [`producer`] (the sink, and [`publish_upload`] for `settle loadgen --nats` and the tests),
 //! [`changelog`] (the changelog streams, their reader, and the fence),
-//! [`streams`] (streams created or checked at start, [`read_stream`] for tools and tests);
+//! [`streams`] (streams created or checked at start, [`read_stream`] for tools and tests),
+//! [`tier_counts`] (the KV bucket where instances exchange their tier counts);
 //! this file holds the connection and what they share.
 //!
 //! # Subjects and partitions
@@ -99,10 +100,12 @@ pub mod changelog;
 pub mod consumer;
 pub mod producer;
 pub mod streams;
+pub mod tier_counts;
 
 pub use consumer::{NatsInput, NatsSource};
 pub use producer::{publish_upload, NatsSink};
 pub use streams::{ensure_input_stream, ensure_streams, read_stream, StreamRecord};
+pub use tier_counts::TierCountsBucket;
 
 pub use crate::config::nats::{
     owned_partitions, subject_matches, NatsConfig, NatsConfigError, Secret, Storage,
