@@ -37,6 +37,7 @@
 //! process at once on the second (`crate::service::signals`). A revocation stops the revoked partitions the same way
 //! before the source is told they are done.
 
+pub mod catch_up;
 pub mod clock;
 pub mod lease;
 pub mod lookup;
@@ -49,6 +50,7 @@ pub mod status;
 pub mod throttle;
 pub mod tier_events;
 
+pub use catch_up::CatchUpQueue;
 pub use clock::{Clock, PartitionClock, SystemClock, TokioClock};
 pub use lookup::{Lookup, SessionLookup, SessionView};
 pub use pacer::CatchUpPacer;
