@@ -3,8 +3,11 @@
 //!
 //! The driver is the only place that knows how per-key steps become table changes, so the
 //! in-memory table ([`MemTable`], used by `settle simulate`, tests and benches) and the RocksDB
-//! store behave identically. Timers fire in `(due_at, session key)` order (SEMANTICS §3: a
-//! due emission fires when partition time ≥ its `due_at`).
+//! store behave identically. [`Driver::advance`] fires timers in `(due_at, session key)`
+//! order (SEMANTICS §3: a due emission fires when partition time ≥ its `due_at`);
+//! [`Driver::fire_timer`] fires one named timer, for a caller that orders overdue timers
+//! itself (the runtime's tenant-fair catch-up). Either way a key's own rounds fire in order:
+//! a key has one timer at a time.
 //!
 //! Under a policy that learns initial delays (`PolicySpec::learns`), the driver also reads
 //! the upload's tenant statistics from the table, hands the learned delay to the engine and
@@ -42,6 +45,10 @@ pub trait SessionTable {
     fn cancel_timer(&mut self, due: Millis, key: &SessionKey) -> Result<(), Self::Error>;
     /// The first timer in `(due, key)` order with `due ≤ now`, if any (not removed).
     fn first_due(&mut self, now: Millis) -> Result<Option<(Millis, SessionKey)>, Self::Error>;
+    /// Whether the timer `(due, key)` exists (as of the table's own writes). A caller that
+    /// remembered a timer (the runtime's catch-up queue) asks before firing it: an upload
+    /// may have moved it, or it fired already.
+    fn has_timer(&mut self, due: Millis, key: &SessionKey) -> Result<bool, Self::Error>;
     /// The learned-delay statistics of `tenant` (`None`: none kept), `engine::learn`.
     fn tenant_stats(&mut self, tenant: &str) -> Result<Option<TenantStats>, Self::Error>;
     /// Stores `stats` for `tenant`. When `tenant` is new and the table already holds
@@ -113,27 +120,62 @@ impl Driver {
             let Some((due, key)) = table.first_due(now)? else {
                 break;
             };
-            let before = out.len();
-            // Fire the key only up to this timer's due time, so keys interleave in due order.
-            let step = table.update(&key, |state| match state {
-                // A timer without state cannot be produced by the driver; drop it below.
-                None => (None, false),
-                Some(_) => (Some(self.engine.on_time(due, &key, state, out)), true),
-            })?;
-            let Some(step) = step else {
-                table.cancel_timer(due, &key)?;
-                continue;
-            };
-            // The stored timer is the one to cancel, even if the policy changed since it was
-            // set (e.g. a longer state-ttl after a restart): otherwise it would fire forever.
-            let step = Step {
-                due_before: Some(due),
-                ..step
-            };
-            self.record(table, &key, step, out.len() - before)?;
-            fired += 1;
+            if self.fire_existing(table, due, &key, out)? {
+                fired += 1;
+            }
         }
         Ok(fired)
+    }
+
+    /// Fires the one timer `(due, key)` (ms) if the table still has it, appending its
+    /// emissions to `out`, whatever other timers are due: the caller chooses the order
+    /// across keys (the runtime's tenant-fair catch-up, SEMANTICS §3). The key's own
+    /// rounds stay in order, since a key has one timer at a time. A timer of a key without
+    /// state is dropped. Returns `false` when the timer is gone (moved by an upload, or
+    /// fired already) and nothing was done; `true` when it was there and is consumed now.
+    pub fn fire_timer<T: SessionTable>(
+        &mut self,
+        table: &mut T,
+        due: Millis,
+        key: &SessionKey,
+        out: &mut Vec<Emission>,
+    ) -> Result<bool, T::Error> {
+        if !table.has_timer(due, key)? {
+            return Ok(false);
+        }
+        self.fire_existing(table, due, key, out)?;
+        Ok(true)
+    }
+
+    /// Fires the existing timer `(due, key)`: one step of [`Driver::advance_at_most`].
+    /// Returns `false` when the key had no state (the timer is dropped, nothing fires).
+    fn fire_existing<T: SessionTable>(
+        &mut self,
+        table: &mut T,
+        due: Millis,
+        key: &SessionKey,
+        out: &mut Vec<Emission>,
+    ) -> Result<bool, T::Error> {
+        let before = out.len();
+        // Fire the key only up to this timer's due time (a later round is a timer of its
+        // own), so keys interleave in due order under `advance`.
+        let step = table.update(key, |state| match state {
+            // A timer without state cannot be produced by the driver; drop it below.
+            None => (None, false),
+            Some(_) => (Some(self.engine.on_time(due, key, state, out)), true),
+        })?;
+        let Some(step) = step else {
+            table.cancel_timer(due, key)?;
+            return Ok(false);
+        };
+        // The stored timer is the one to cancel, even if the policy changed since it was
+        // set (e.g. a longer state-ttl after a restart): otherwise it would fire forever.
+        let step = Step {
+            due_before: Some(due),
+            ..step
+        };
+        self.record(table, key, step, out.len() - before)?;
+        Ok(true)
     }
 
     /// Applies one upload at partition time `now` (ms): first fires every timer due at or
@@ -377,6 +419,10 @@ impl SessionTable for MemTable {
         Ok(self.timers.first().filter(|(d, _)| *d <= now).cloned())
     }
 
+    fn has_timer(&mut self, due: Millis, key: &SessionKey) -> Result<bool, Self::Error> {
+        Ok(self.timers.contains(due, key))
+    }
+
     fn tenant_stats(&mut self, tenant: &str) -> Result<Option<TenantStats>, Self::Error> {
         Ok(self.tenants.get(tenant).cloned())
     }
@@ -547,6 +593,14 @@ impl TimerIndex {
             }
         }
         true
+    }
+
+    /// Whether `(due, key)` is present.
+    fn contains(&self, due: Millis, key: &SessionKey) -> bool {
+        self.by_due.get(&due).is_some_and(|d| match d {
+            DueTimers::One((_, k)) => k == key,
+            DueTimers::Many(v) => v.binary_search_by(|(_, k)| k.cmp(key)).is_ok(),
+        })
     }
 
     /// The first timer in `(due, key)` order.

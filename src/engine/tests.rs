@@ -400,6 +400,34 @@ fn driver_fires_in_due_then_key_order_and_before_later_uploads() {
 }
 
 #[test]
+fn fire_timer_fires_the_named_timer_only_and_reports_a_gone_one() {
+    let mut d = Driver::new(Engine::new(PolicyTable::uniform(PolicySpec::fixed(100))));
+    let mut t = MemTable::new();
+    let mut out = Vec::new();
+    d.apply(&mut t, 0, &Upload::plain(key("a"), 0), &mut out)
+        .unwrap();
+    d.apply(&mut t, 50, &Upload::plain(key("b"), 50), &mut out)
+        .unwrap();
+    assert!(t.has_timer(100, &key("a")).unwrap());
+    assert!(!t.has_timer(101, &key("a")).unwrap());
+    // b's timer (due 150) fires though a's (due 100) is earlier; a's stays.
+    assert!(d.fire_timer(&mut t, 150, &key("b"), &mut out).unwrap());
+    let order: Vec<_> = out.iter().map(|e| (e.key.session(), e.due_at)).collect();
+    assert_eq!(order, vec![("b", 150)]);
+    assert!(t.has_timer(100, &key("a")).unwrap());
+    assert!(!t.has_timer(150, &key("b")).unwrap());
+    // Gone now (fired), and a timer that never existed: nothing happens.
+    assert!(!d.fire_timer(&mut t, 150, &key("b"), &mut out).unwrap());
+    assert!(!d.fire_timer(&mut t, 100, &key("c"), &mut out).unwrap());
+    assert_eq!(out.len(), 1);
+    assert_eq!(d.stats.emissions, 1);
+    // The rest still fires in due order.
+    d.advance(&mut t, 1_000, &mut out).unwrap();
+    assert_eq!(out.len(), 2);
+    assert_eq!((out[1].key.session(), out[1].due_at), ("a", 100));
+}
+
+#[test]
 fn nothing_is_emitted_before_its_due_time() {
     let mut d = Driver::new(Engine::new(PolicyTable::uniform(PolicySpec::fixed(1_000))));
     let mut t = MemTable::new();

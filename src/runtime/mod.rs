@@ -37,6 +37,7 @@
 //! process at once on the second (`crate::service::signals`). A revocation stops the revoked partitions the same way
 //! before the source is told they are done.
 
+pub mod catch_up;
 pub mod clock;
 pub mod lease;
 pub mod lookup;
@@ -50,6 +51,7 @@ pub mod throttle;
 pub mod tier_events;
 pub mod tier_share;
 
+pub use catch_up::CatchUpQueue;
 pub use clock::{Clock, PartitionClock, SystemClock, TokioClock};
 pub use lookup::{Lookup, SessionLookup, SessionView};
 pub use pacer::CatchUpPacer;

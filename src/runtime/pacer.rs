@@ -6,8 +6,10 @@
 //! on tokio time: it refills at `rate` tokens per second up to a burst of a tenth of a
 //! second's worth (at least 1). A partition fires an overdue timer only while the bucket has
 //! a token, then pays one token per emission the fire produced (a silent round end or a
-//! state expiry costs nothing). The partition fires timers in `(due, key)` order, so
-//! released rounds interleave across tenants and sessions by due time.
+//! state expiry costs nothing). Which overdue timer a token goes to is the catch-up
+//! queue's choice ([`super::catch_up`]): tenants take turns (round-robin, SEMANTICS §3), each
+//! tenant's rounds in due order, so one tenant's backlog does not hold back another's few.
+//! Every partition takes its own tenants in turn at its own rate.
 
 use std::time::Duration;
 use tokio::time::Instant;

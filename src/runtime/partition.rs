@@ -29,6 +29,14 @@
 //! memory (at most one batch) and are applied after the pending timers, so due order is kept
 //! and nothing fires early or out of order; the store is committed up to that point.
 //!
+//! Overdue timers are released tenants in turn (SEMANTICS §3): when the first due timer is
+//! overdue, the task fires the timer the [`CatchUpQueue`] gives instead (the next tenant in
+//! the ring with an overdue timer due at the target time; see [`super::catch_up`]), so one
+//! tenant's thousands of overdue rounds do not hold back another tenant's few. Each
+//! session's rounds still fire in order, and all timers due before an upload still fire
+//! before it is applied; timers that are not overdue fire in `(due, key)` order. The ring is
+//! per partition, like the pacer.
+//!
 //! # Failure
 //!
 //! Every store error is fatal for the partition: the task logs it, sets status
@@ -50,6 +58,7 @@
 //! in, waits for the outbox to drain until the flush deadline, then stops the publisher,
 //! flushes and closes the store.
 
+use super::catch_up::{self, CatchUpQueue};
 use super::clock::{Clock, PartitionClock};
 use super::lookup::{SessionLookup, SessionQuery, SessionView};
 use super::pacer::CatchUpPacer;
@@ -240,6 +249,7 @@ pub async fn run<I: PartitionInput, K: Sink, C: Clock>(
         clock: PartitionClock::resume(store.partition_time()),
         driver: Driver::new(ctx.engine.clone()),
         pacer: CatchUpPacer::new(ctx.settings.catch_up_rate),
+        catch_up: CatchUpQueue::new(),
         held: VecDeque::new(),
         caught_up: false,
         publish_from: 0,
@@ -297,6 +307,8 @@ struct Task<I, K, C> {
     clock: PartitionClock,
     driver: Driver,
     pacer: CatchUpPacer,
+    /// Overdue timers by tenant, in turn order (catch-up release).
+    catch_up: CatchUpQueue,
     /// Consumed, decoded records not applied yet (catch-up pacing); at most one batch.
     held: VecDeque<Pending>,
     /// The last poll found the partition at its end.
@@ -720,6 +732,7 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
         let mut fire = FireCtx {
             driver: &mut self.driver,
             pacer: &mut self.pacer,
+            queue: &mut self.catch_up,
             overdue_before: wall.saturating_sub(grace),
             budget: &mut budget,
             fired: &mut fired,
@@ -1107,11 +1120,14 @@ async fn pause(cancel: &CancellationToken, d: Duration) {
     }
 }
 
-/// Fires due timers for one step, pacing the overdue ones.
+/// Fires due timers for one step, pacing the overdue ones and releasing them tenants in
+/// turn (module docs, "Catch-up pacing").
 struct FireCtx<'a> {
     driver: &'a mut Driver,
     pacer: &'a mut CatchUpPacer,
-    /// Timers due before this (ms) are overdue: paced.
+    /// The order in which overdue timers fire: tenants in turn.
+    queue: &'a mut CatchUpQueue,
+    /// Timers due before this (ms) are overdue: paced, and released tenants in turn.
     overdue_before: Millis,
     /// Timer fires left in this step.
     budget: &'a mut usize,
@@ -1139,12 +1155,38 @@ impl FireCtx<'_> {
                 }
             }
             let before = out.len();
-            self.driver.advance_at_most(batch, target, 1, out)?;
+            if !overdue || !self.fire_in_turn(batch, target, out)? {
+                self.driver.advance_at_most(batch, target, 1, out)?;
+            }
             if overdue {
                 self.pacer.spend(out.len() - before);
             }
             *self.budget -= 1;
             *self.fired += 1;
         }
+    }
+
+    /// Fires the overdue timer whose tenant's turn it is ([`CatchUpQueue::next`]), loading
+    /// the queue from the batch's overdue timers first when it asks for it. Returns `false`
+    /// when no queued timer is due at `target` (the caller fires in `(due, key)` order).
+    fn fire_in_turn(
+        &mut self,
+        batch: &mut Batch<'_>,
+        target: Millis,
+        out: &mut Vec<Emission>,
+    ) -> Result<bool, store::Error> {
+        if self.queue.needs_load() {
+            // Only what is overdue and due at `target`: a replayed backlog's later timers
+            // are not due yet (partition time is behind the wall clock).
+            let before = self.overdue_before.min(target.saturating_add(1));
+            self.queue
+                .load(batch.overdue_timers(before, catch_up::PER_TENANT)?);
+        }
+        while let Some((due, key)) = self.queue.next(batch, target)? {
+            if self.driver.fire_timer(batch, due, &key, out)? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 }

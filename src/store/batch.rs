@@ -15,6 +15,7 @@
 
 use super::error::Error;
 use super::keys::{self, CF_SESSIONS};
+use super::mem::{group_by_tenant, TenantTimers};
 use super::{cf, StoreState};
 use crate::engine::{
     Emission, Millis, SessionKey, SessionState, SessionTable, TenantStats, MAX_LEARNED_TENANTS,
@@ -125,6 +126,33 @@ impl<'s> Batch<'s> {
     /// Owed emissions pushed so far in this batch.
     pub fn outbox_pushed(&self) -> usize {
         self.outbox.len()
+    }
+
+    /// The timers with `due < before` (ms) as of the batch's writes (the store's index
+    /// without the timers the batch cancelled, plus the ones it set), grouped by tenant as
+    /// [`super::PartitionStore::overdue_timers`] groups the committed ones: per tenant its
+    /// earliest `per_tenant` timers and whether it has more. A timer the batch fired is not
+    /// in it. Walks the index up to `before`; copies at most `per_tenant` keys per tenant.
+    /// Errors: none today (kept for a store that pages its index).
+    pub fn overdue_timers(
+        &self,
+        before: Millis,
+        per_tenant: usize,
+    ) -> Result<Vec<TenantTimers>, Error> {
+        let committed = self
+            .state
+            .mem
+            .timers
+            .iter()
+            .filter(|t| !self.timer_dels.contains(*t));
+        let merged = Merged {
+            a: committed.peekable(),
+            b: self.timer_puts.iter().peekable(),
+        };
+        Ok(group_by_tenant(
+            merged.take_while(|(due, _)| *due < before),
+            per_tenant,
+        ))
     }
 
     /// Applies the whole batch (sessions and their timers, tenants' learned-delay
@@ -406,6 +434,12 @@ impl SessionTable for Batch<'_> {
         Ok(())
     }
 
+    fn has_timer(&mut self, due: Millis, key: &SessionKey) -> Result<bool, Error> {
+        let t = (due, key.clone());
+        Ok(self.timer_puts.contains(&t)
+            || (!self.timer_dels.contains(&t) && self.state.mem.timers.contains(&t)))
+    }
+
     fn first_due(&mut self, now: Millis) -> Result<Option<(Millis, SessionKey)>, Error> {
         let put = self.timer_puts.first().cloned();
         let first = match (self.index_head().cloned(), put) {
@@ -413,6 +447,32 @@ impl SessionTable for Batch<'_> {
             (a, b) => a.or(b),
         };
         Ok(first.filter(|(due, _)| *due <= now))
+    }
+}
+
+/// Two timer iterators in `(due, key)` order merged into one (a timer in both comes once).
+struct Merged<A: Iterator, B: Iterator> {
+    a: std::iter::Peekable<A>,
+    b: std::iter::Peekable<B>,
+}
+
+impl<'a, A, B> Iterator for Merged<A, B>
+where
+    A: Iterator<Item = &'a (Millis, SessionKey)>,
+    B: Iterator<Item = &'a (Millis, SessionKey)>,
+{
+    type Item = &'a (Millis, SessionKey);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match (self.a.peek(), self.b.peek()) {
+            (Some(x), Some(y)) if x == y => {
+                self.b.next();
+                self.a.next()
+            }
+            (Some(x), Some(y)) if x < y => self.a.next(),
+            (Some(_), Some(_)) | (None, _) => self.b.next(),
+            (Some(_), None) => self.a.next(),
+        }
     }
 }
 

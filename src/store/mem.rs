@@ -321,6 +321,60 @@ impl Mem {
     }
 }
 
+/// One tenant's timers due before a bound, in firing order, at most a cap of them
+/// ([`crate::store::PartitionStore::overdue_timers`], [`crate::store::Batch::overdue_timers`]):
+/// what the runtime's tenant-fair catch-up takes turns over (SEMANTICS §3).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TenantTimers {
+    /// The tenant (the part of the keys before the first `/`).
+    pub tenant: Box<str>,
+    /// Its timers `(due ms, key)` in `(due, key)` order: the earliest ones, at most the cap.
+    pub timers: Vec<(Millis, SessionKey)>,
+    /// The tenant has more timers due before the bound than `timers` holds.
+    pub truncated: bool,
+}
+
+/// Groups `timers` (in `(due, key)` order) by tenant, keeping at most `per_tenant` (≥ 1) of
+/// each tenant and marking the tenants that had more. Tenants come in the order of their
+/// first timer. Memory: the timers kept, plus one map entry per tenant.
+pub(crate) fn group_by_tenant<'a>(
+    timers: impl Iterator<Item = &'a (Millis, SessionKey)>,
+    per_tenant: usize,
+) -> Vec<TenantTimers> {
+    let per_tenant = per_tenant.max(1);
+    let mut index: FxHashMap<&'a str, usize> = FxHashMap::default();
+    let mut out: Vec<TenantTimers> = Vec::new();
+    for t in timers {
+        let tenant = t.1.tenant();
+        let i = *index.entry(tenant).or_insert_with(|| {
+            out.push(TenantTimers {
+                tenant: tenant.into(),
+                timers: Vec::new(),
+                truncated: false,
+            });
+            out.len() - 1
+        });
+        let group = &mut out[i];
+        if group.timers.len() < per_tenant {
+            group.timers.push(t.clone());
+        } else {
+            group.truncated = true;
+        }
+    }
+    out
+}
+
+impl Mem {
+    /// The committed timers with `due < before`, grouped by tenant (see [`group_by_tenant`]).
+    /// Walks the index up to `before`; copies at most `per_tenant` keys per tenant.
+    pub(crate) fn overdue_timers(&self, before: Millis, per_tenant: usize) -> Vec<TenantTimers> {
+        group_by_tenant(
+            self.timers.iter().take_while(|(due, _)| *due < before),
+            per_tenant,
+        )
+    }
+}
+
 impl Drop for Mem {
     fn drop(&mut self) {
         self.budget.charge(0, self.charged);

@@ -74,7 +74,7 @@ pub use batch::Batch;
 pub use changelog::{changelog_key, split_changelog_key, Change};
 pub use error::Error;
 pub use keys::{decode_due, encode_due, outbox_key, FORMAT_VERSION};
-pub use mem::CacheBudget;
+pub use mem::{CacheBudget, TenantTimers};
 pub use options::{MemoryBudget, StoreOptions};
 
 use crate::engine::{Emission, Millis, SessionKey, SessionState, TenantStats};
@@ -656,6 +656,21 @@ impl PartitionStore {
     /// The first `limit` timers `(due ms, key)` in firing order. Errors: none today.
     pub fn timers(&self, limit: usize) -> Result<Vec<(Millis, SessionKey)>, Error> {
         Ok(self.state.mem.timers.iter().take(limit).cloned().collect())
+    }
+
+    /// The committed timers with `due < before` (ms), grouped by tenant in the order of each
+    /// tenant's first timer: per tenant its earliest `per_tenant` timers (at least 1) in
+    /// `(due, key)` order, and whether it has more ([`TenantTimers::truncated`]). Walks the
+    /// timer index up to `before` but copies at most `per_tenant` keys of each tenant, so a
+    /// tenant's million-timer backlog costs `per_tenant` keys. The catch-up queue's source
+    /// (SEMANTICS §3); inside a batch, [`Batch::overdue_timers`] sees the batch's writes.
+    /// Errors: none today (kept for a store that pages its index).
+    pub fn overdue_timers(
+        &self,
+        before: Millis,
+        per_tenant: usize,
+    ) -> Result<Vec<TenantTimers>, Error> {
+        Ok(self.state.mem.overdue_timers(before, per_tenant))
     }
 
     /// The earliest timer `(due ms, key)`: when the partition task must wake next.

@@ -25,6 +25,7 @@ mod fuzz_corpus;
 mod layering;
 mod learn_runtime;
 mod learn_store;
+mod runtime_catch_up;
 mod runtime_demo;
 mod runtime_handoff;
 mod runtime_inspect;

@@ -396,3 +396,79 @@ fn outbox_reads_do_not_walk_the_tombstones_of_acknowledged_entries() {
         "peek after reopen stepped over {skipped} tombstones"
     );
 }
+
+#[test]
+fn overdue_timers_keep_a_cap_per_tenant_and_see_the_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path());
+    let big: Vec<SessionKey> = (0..10)
+        .map(|i| SessionKey::new("big", &format!("s{i}")))
+        .collect();
+    let (small, late) = (SessionKey::new("small", "x"), SessionKey::new("late", "y"));
+    {
+        let mut batch = store.batch();
+        for (i, k) in big.iter().enumerate() {
+            batch.put(k, &state(1, true)).unwrap();
+            batch.set_timer(100 + i as Millis, k).unwrap();
+        }
+        for k in [&small, &late] {
+            batch.put(k, &state(1, true)).unwrap();
+        }
+        batch.set_timer(105, &small).unwrap();
+        batch.set_timer(500, &late).unwrap();
+        batch.commit().unwrap();
+    }
+    // Committed: big's first 3 (of 10, truncated), small's one; late is not before 200.
+    let groups = store.overdue_timers(200, 3).unwrap();
+    let summary: Vec<(&str, Vec<Millis>, bool)> = groups
+        .iter()
+        .map(|g| {
+            (
+                &*g.tenant,
+                g.timers.iter().map(|t| t.0).collect(),
+                g.truncated,
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            ("big", vec![100, 101, 102], true),
+            ("small", vec![105], false)
+        ]
+    );
+    assert_eq!(groups[0].timers[0].1, big[0]);
+
+    // The batch's view: fired (cancelled) timers are gone, moved and new ones are in.
+    let mut batch = store.batch();
+    batch.cancel_timer(100, &big[0]).unwrap();
+    batch.set_timer(150, &big[1]).unwrap(); // moves 101 to 150
+    batch.set_timer(99, &late).unwrap(); // moves 500 to 99
+    assert!(!batch.has_timer(100, &big[0]).unwrap());
+    assert!(!batch.has_timer(101, &big[1]).unwrap());
+    assert!(batch.has_timer(150, &big[1]).unwrap());
+    assert!(batch.has_timer(102, &big[2]).unwrap());
+    assert!(batch.has_timer(99, &late).unwrap());
+    assert!(!batch.has_timer(500, &late).unwrap());
+    let groups = batch.overdue_timers(200, 3).unwrap();
+    let summary: Vec<(&str, Vec<Millis>, bool)> = groups
+        .iter()
+        .map(|g| {
+            (
+                &*g.tenant,
+                g.timers.iter().map(|t| t.0).collect(),
+                g.truncated,
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            ("late", vec![99], false),
+            ("big", vec![102, 103, 104], true),
+            ("small", vec![105], false)
+        ]
+    );
+    // A bound below everything: nothing.
+    assert!(batch.overdue_timers(99, 3).unwrap().is_empty());
+}
