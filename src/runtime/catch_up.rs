@@ -31,6 +31,11 @@ use std::collections::VecDeque;
 /// shared key: a few dozen bytes). A tenant with more is loaded again when these ran out.
 pub const PER_TENANT: usize = 4096;
 
+/// Fewest overdue timers due at once for which the queue is built: below this they fire in
+/// `(due, key)` order, so a replayed backlog (one or two timers due per upload) does not pay
+/// for a queue per fire, and no tenant waits behind more than this many of another's.
+pub const MIN_QUEUED: usize = 64;
+
 /// One tenant's place in the ring.
 #[derive(Debug)]
 struct Lane {

@@ -66,7 +66,7 @@ use super::publisher::{self, Fence, PublishTarget, TierRouting};
 use super::status::{PartitionState, PartitionStatus, StatusBoard};
 use super::throttle::LogThrottle;
 use crate::codec::{self, DecodeError};
-use crate::engine::{Applied, Driver, Emission, Engine, Millis, SessionTable, Upload};
+use crate::engine::{Applied, Driver, Emission, Engine, Millis, SessionKey, SessionTable, Upload};
 use crate::metrics::{Metrics, PartitionMetrics};
 use crate::store::{self, Batch, PartitionStore};
 use crate::transport::{self, Backoff, InputRecord, PartitionInput, Sink, TxnWriter};
@@ -1142,9 +1142,10 @@ impl FireCtx<'_> {
         out: &mut Vec<Emission>,
     ) -> Result<Fired, store::Error> {
         loop {
-            let Some((due, _)) = batch.first_due(target)? else {
+            let Some(first) = batch.first_due(target)? else {
                 return Ok(Fired::All);
             };
+            let due = first.0;
             if *self.budget == 0 {
                 return Ok(Fired::Paused(Duration::ZERO));
             }
@@ -1155,7 +1156,7 @@ impl FireCtx<'_> {
                 }
             }
             let before = out.len();
-            if !overdue || !self.fire_in_turn(batch, target, out)? {
+            if !overdue || !self.fire_in_turn(batch, &first, target, out)? {
                 self.driver.advance_at_most(batch, target, 1, out)?;
             }
             if overdue {
@@ -1172,6 +1173,7 @@ impl FireCtx<'_> {
     fn fire_in_turn(
         &mut self,
         batch: &mut Batch<'_>,
+        first: &(Millis, SessionKey),
         target: Millis,
         out: &mut Vec<Emission>,
     ) -> Result<bool, store::Error> {
@@ -1179,6 +1181,11 @@ impl FireCtx<'_> {
             // Only what is overdue and due at `target`: a replayed backlog's later timers
             // are not due yet (partition time is behind the wall clock).
             let before = self.overdue_before.min(target.saturating_add(1));
+            if self.queue.is_empty()
+                && !batch.timers_due_before_at_least(first, before, catch_up::MIN_QUEUED)
+            {
+                return Ok(false);
+            }
             self.queue
                 .load(batch.overdue_timers(before, catch_up::PER_TENANT)?);
         }

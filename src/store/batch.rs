@@ -155,6 +155,34 @@ impl<'s> Batch<'s> {
         ))
     }
 
+    /// Whether at least `n` timers of the batch's view, from `first` (the batch's first due
+    /// timer, [`SessionTable::first_due`]) on, are due before `before` (walks at most `n`
+    /// of them, none before `first`): lets the catch-up release skip building its queue
+    /// when only a few timers are due at once (a replayed backlog fires one or two per
+    /// upload).
+    pub fn timers_due_before_at_least(
+        &self,
+        first: &(Millis, SessionKey),
+        before: Millis,
+        n: usize,
+    ) -> bool {
+        let from = (Bound::Included(first), Bound::Unbounded);
+        let committed = self
+            .state
+            .mem
+            .timers
+            .range::<(Millis, SessionKey), _>(from)
+            .filter(|t| !self.timer_dels.contains(*t));
+        let merged = Merged {
+            a: committed.peekable(),
+            b: self
+                .timer_puts
+                .range::<(Millis, SessionKey), _>(from)
+                .peekable(),
+        };
+        merged.take_while(|(due, _)| *due < before).take(n).count() >= n
+    }
+
     /// Applies the whole batch (sessions and their timers, tenants' learned-delay
     /// statistics, outbox, offset, partition time, counters) to the store's memory. In
     /// write-through mode (the default) it is then written to RocksDB in ONE write batch

@@ -471,4 +471,13 @@ fn overdue_timers_keep_a_cap_per_tenant_and_see_the_batch() {
     );
     // A bound below everything: nothing.
     assert!(batch.overdue_timers(99, 3).unwrap().is_empty());
+
+    // Counting from the first due timer (what the catch-up release asks before building its
+    // queue): the batch's view is 99, 102..=109, 105 (small), 150 below 200: 11 timers.
+    let first = batch.first_due(Millis::MAX).unwrap().expect("a timer");
+    assert_eq!(first, (99, late.clone()));
+    assert!(batch.timers_due_before_at_least(&first, 200, 11));
+    assert!(!batch.timers_due_before_at_least(&first, 200, 12));
+    assert!(batch.timers_due_before_at_least(&first, 103, 2), "99 and 102");
+    assert!(!batch.timers_due_before_at_least(&first, 103, 3));
 }
