@@ -13,7 +13,10 @@
 //! The queue is filled from the store ([`crate::store::Batch::overdue_timers`]: at most
 //! [`PER_TENANT`] timers per tenant, and a flag when a tenant has more) when it is empty or
 //! when a tenant that had more ran out ([`CatchUpQueue::needs_load`]); a load keeps the
-//! turn order of the tenants already in the ring. It never decides *whether* a timer fires,
+//! turn order of the tenants already in the ring. An empty queue is filled only when at least
+//! [`MIN_QUEUED`] overdue timers are due at once (`Batch::timers_due_before_at_least`): fewer
+//! fire in `(due, key)` order, so a replayed backlog, which fires one or two timers per
+//! upload, does not build a queue per fire. It never decides *whether* a timer fires,
 //! only which overdue one goes first: pacing stays with the [`CatchUpPacer`](super::CatchUpPacer)
 //! (one token per emission), and timers that are not overdue keep `(due, key)` order.
 //! A session's own rounds stay in order (it has one timer at a time), so the emissions are

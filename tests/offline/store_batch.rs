@@ -478,6 +478,9 @@ fn overdue_timers_keep_a_cap_per_tenant_and_see_the_batch() {
     assert_eq!(first, (99, late.clone()));
     assert!(batch.timers_due_before_at_least(&first, 200, 11));
     assert!(!batch.timers_due_before_at_least(&first, 200, 12));
-    assert!(batch.timers_due_before_at_least(&first, 103, 2), "99 and 102");
+    assert!(
+        batch.timers_due_before_at_least(&first, 103, 2),
+        "99 and 102"
+    );
     assert!(!batch.timers_due_before_at_least(&first, 103, 3));
 }
