@@ -157,6 +157,7 @@ def settle_toml_topics(path):
     topics = {
         "kafka.input-topic": kafka.get("input-topic", "settle.uploads"),
         "kafka.changelog-topic": kafka.get("changelog-topic", f"{group}.changelog"),
+        "kafka.tier-counts-topic": kafka.get("tier-counts-topic", f"{group}.tier-counts"),
         "kafka.dead-letter-topic": kafka.get("dead-letter-topic", "settle.dead-letter"),
         "tiers.events-topic": tiers.get("events-topic", "settle.tier-events"),
     }
@@ -185,6 +186,7 @@ def cmd_topics(root):
 
     input_topic = defaults["kafka.input-topic"]
     changelog = defaults["kafka.changelog-topic"]
+    tier_counts = defaults["kafka.tier-counts-topic"]
     for key, topic in defaults.items():
         check(topic in in_compose, f"{key} = {topic}: created by compose (kafka-init)")
         check(topic in in_kafka_sh, f"{key} = {topic}: created by scripts/kafka.sh up")
@@ -203,7 +205,10 @@ def cmd_topics(root):
                 f"{name}: {changelog} compacted, with the partitions of {input_topic} ({specs[input_topic][0]})",
             )
             compacted = sorted(t for t, (_, c) in specs.items() if c)
-            check(compacted == [changelog], f"{name}: only the changelog is compacted ({', '.join(compacted)})")
+            check(
+                compacted == sorted([changelog, tier_counts]),
+                f"{name}: only the changelog and the tier counts are compacted ({', '.join(compacted)})",
+            )
     # The README states a count where it prescribes one ("1") or where it names what
     # kafka.sh up / compose create ("any; 8 by ..."); each must be what compose creates.
     for topic, cell in sorted(in_readme.items()):

@@ -41,8 +41,9 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-/// Longest wait for the start-up read of the tier-counts log.
-pub const RESTORE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest wait for the start-up read of the tier-counts log (topic or bucket creation
+/// included): the partitions start only after it.
+pub const RESTORE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Longest wait for the last snapshot at stop.
 const FINAL_PUBLISH_TIMEOUT: Duration = Duration::from_secs(2);
@@ -57,7 +58,15 @@ pub(crate) async fn restore<C: Clock>(
     clock: &C,
     changes: &mpsc::UnboundedSender<TierChange>,
 ) -> Option<Restored> {
-    let read = match counts.read_latest(RESTORE_TIMEOUT).await {
+    let read = tokio::time::timeout(RESTORE_TIMEOUT, counts.read_latest(RESTORE_TIMEOUT))
+        .await
+        .unwrap_or_else(|_| {
+            Err(Error::Unavailable {
+                transport: "tier-counts",
+                reason: format!("no answer within {} s", RESTORE_TIMEOUT.as_secs()),
+            })
+        });
+    let read = match read {
         Ok(r) => r,
         Err(e) => {
             tracing::warn!(error = %e, log = counts.name(), "tier state not restored: the tier-counts log could not be read; every tenant starts in its starting tier");

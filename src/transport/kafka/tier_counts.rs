@@ -48,6 +48,10 @@ const FEED_BUFFER: usize = 256;
 /// Bound on one metadata, admin or produce call.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Bound on the topic creation tried at first use (a broker that does not answer it must not
+/// hold the start-up read for long).
+const CREATE_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// The Kafka [`TierCounts`] (see the module doc). Cheap to share (`Arc` inside).
 pub struct TierCountsTopic {
     config: KafkaConfig,
@@ -102,7 +106,7 @@ impl TierCountsTopic {
                 return;
             }
         };
-        let options = AdminOptions::new().operation_timeout(Some(CALL_TIMEOUT));
+        let options = AdminOptions::new().operation_timeout(Some(CREATE_TIMEOUT));
         let compacted = NewTopic::new(&self.topic, 1, TopicReplication::Fixed(1))
             .set("cleanup.policy", "compact");
         let plain = NewTopic::new(&self.topic, 1, TopicReplication::Fixed(1));
@@ -115,7 +119,7 @@ impl TierCountsTopic {
             ),
         ] {
             let result =
-                tokio::time::timeout(CALL_TIMEOUT, admin.create_topics([&topic], &options)).await;
+                tokio::time::timeout(CREATE_TIMEOUT, admin.create_topics([&topic], &options)).await;
             let code = match result {
                 Ok(Ok(results)) => match results.into_iter().next() {
                     Some(Ok(name)) => {
@@ -226,10 +230,12 @@ fn read_latest_blocking(
     timeout: Duration,
 ) -> Result<Vec<Vec<u8>>, Error> {
     let deadline = Instant::now() + timeout;
-    // A topic created a moment ago may take a moment to show in the metadata.
+    // A topic created a moment ago may take a moment to show in the metadata; a topic that
+    // does not exist (and could not be created) holds no snapshot: nothing to restore.
     let partitions = loop {
         match partition_count(consumer, topic) {
             Ok(n) if n > 0 => break n,
+            Err(e) if format!("{e:#}").contains("UnknownTopicOrPartition") => return Ok(Vec::new()),
             Ok(_) => {}
             Err(e) if Instant::now() + Duration::from_millis(200) >= deadline => {
                 return Err(unavailable(e))
@@ -252,7 +258,14 @@ fn read_latest_blocking(
             .map_err(|e| classify(&e))?;
     }
     let mut tpl = TopicPartitionList::new();
-    let found = consumer.offsets_for_times(by_time, CALL_TIMEOUT).ok();
+    let found = consumer
+        .offsets_for_times(
+            by_time,
+            deadline
+                .saturating_duration_since(Instant::now())
+                .min(CALL_TIMEOUT),
+        )
+        .ok();
     for p in 0..partitions {
         // Nothing newer than READ_BACK: start at the end. No answer: from the beginning.
         let offset = match found
