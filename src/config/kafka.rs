@@ -145,13 +145,7 @@ impl KafkaConfig {
         if !self.instance_id.is_empty() {
             return self.instance_id.clone();
         }
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .ok()
-            .map(|h| h.trim().to_owned())
-            .filter(|h| !h.is_empty())
-            .or_else(|| std::env::var("HOSTNAME").ok())
-            .unwrap_or_else(|| "settle".to_owned());
-        format!("{host}-{}", std::process::id())
+        format!("{}-{}", super::host_name(), std::process::id())
     }
 
     /// The liveness lease of `settle run` (`runtime::lease`): two thirds of the consumer's

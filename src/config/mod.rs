@@ -535,6 +535,17 @@ impl RuntimeConfig {
     }
 }
 
+/// This machine's host name (`/proc/sys/kernel/hostname`, else `$HOSTNAME`, else `settle`):
+/// the first part of the default instance names (`kafka.instance-id`, NATS tier counts).
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "settle".to_owned())
+}
+
 fn millis(d: Duration) -> Millis {
     Millis::try_from(d.as_millis()).unwrap_or(Millis::MAX)
 }

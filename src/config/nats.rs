@@ -375,13 +375,12 @@ impl NatsConfig {
     /// `i<instance>-<hostname>-<pid>` (unique per process, so a restart is a new instance
     /// whose predecessor's counts expire).
     pub fn instance_name(&self) -> String {
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .ok()
-            .map(|h| h.trim().to_owned())
-            .filter(|h| !h.is_empty())
-            .or_else(|| std::env::var("HOSTNAME").ok())
-            .unwrap_or_else(|| "settle".to_owned());
-        format!("i{}-{host}-{}", self.instance, std::process::id())
+        format!(
+            "i{}-{}-{}",
+            self.instance,
+            super::host_name(),
+            std::process::id()
+        )
     }
 
     /// The tier-counts KV bucket, `None` when `tier-counts-bucket` is `""` (off).

@@ -397,6 +397,20 @@ fn outbox_reads_do_not_walk_the_tombstones_of_acknowledged_entries() {
     );
 }
 
+/// `(tenant, due times, truncated)` of each group of an overdue-timers answer.
+fn summary(groups: &[settle::store::TenantTimers]) -> Vec<(&str, Vec<Millis>, bool)> {
+    groups
+        .iter()
+        .map(|g| {
+            (
+                &*g.tenant,
+                g.timers.iter().map(|t| t.0).collect(),
+                g.truncated,
+            )
+        })
+        .collect()
+}
+
 #[test]
 fn overdue_timers_keep_a_cap_per_tenant_and_see_the_batch() {
     let dir = tempfile::tempdir().unwrap();
@@ -420,18 +434,8 @@ fn overdue_timers_keep_a_cap_per_tenant_and_see_the_batch() {
     }
     // Committed: big's first 3 (of 10, truncated), small's one; late is not before 200.
     let groups = store.overdue_timers(200, 3).unwrap();
-    let summary: Vec<(&str, Vec<Millis>, bool)> = groups
-        .iter()
-        .map(|g| {
-            (
-                &*g.tenant,
-                g.timers.iter().map(|t| t.0).collect(),
-                g.truncated,
-            )
-        })
-        .collect();
     assert_eq!(
-        summary,
+        summary(&groups),
         vec![
             ("big", vec![100, 101, 102], true),
             ("small", vec![105], false)
@@ -451,18 +455,8 @@ fn overdue_timers_keep_a_cap_per_tenant_and_see_the_batch() {
     assert!(batch.has_timer(99, &late).unwrap());
     assert!(!batch.has_timer(500, &late).unwrap());
     let groups = batch.overdue_timers(200, 3).unwrap();
-    let summary: Vec<(&str, Vec<Millis>, bool)> = groups
-        .iter()
-        .map(|g| {
-            (
-                &*g.tenant,
-                g.timers.iter().map(|t| t.0).collect(),
-                g.truncated,
-            )
-        })
-        .collect();
     assert_eq!(
-        summary,
+        summary(&groups),
         vec![
             ("late", vec![99], false),
             ("big", vec![102, 103, 104], true),
