@@ -10,7 +10,8 @@
 //!   key = tenant, value = `{tenant, from, to, rate, limit, at, reason}`), one at a time and
 //!   in the order decided, retried with backoff while the broker is unavailable. Emissions
 //!   never wait for this: the publishers hand changes over through a channel and go on.
-//! * **Show**: after each change (several changes decided together make one write) it
+//! * **Show**: after each change (several changes decided together make one write), and
+//!   every 5 s without one, it
 //!   rewrites `<data-dir>/tiers.json` ([`TIERS_FILE`], a [`TierSnapshot`]: the rule in force,
 //!   the tenants demoted now, the last [`RECENT_CHANGES`] changes and the counters)
 //!   atomically: written to a temporary file in the same directory, then renamed over the
@@ -55,6 +56,10 @@ pub const RECENT_CHANGES: usize = 100;
 
 /// How often the router is swept (promotions of quiet demoted tenants are at most this late).
 pub const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+
+/// `tiers.json` is also rewritten every this many sweeps (5 s) without a change, so its
+/// counters and rates stay current.
+const REWRITE_EVERY_SWEEPS: u64 = 5;
 
 /// Longest wait between two attempts to publish a tier change.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -178,6 +183,7 @@ pub(crate) async fn run<K: Sink, C: Clock>(
     let mut retry_at: Option<Instant> = None;
     let mut backoff = Backoff::new(MAX_BACKOFF);
     let mut failing = super::throttle::LogThrottle::default();
+    let mut sweeps: u64 = 0;
     loop {
         let mut changed = false;
         tokio::select! {
@@ -195,6 +201,9 @@ pub(crate) async fn run<K: Sink, C: Clock>(
                     task.record(change);
                     changed = true;
                 }
+                // The counters and rates in the file age too: rewrite it now and then.
+                sweeps += 1;
+                changed |= sweeps % REWRITE_EVERY_SWEEPS == 0;
             }
             result = attempt(&mut in_flight), if in_flight.is_some() => {
                 in_flight = None;

@@ -19,8 +19,11 @@
 //!   the tier-events task like a routing decision (which publishes it only when this
 //!   instance is the tenant's reporter, `Router::reports`). Counts of an instance that
 //!   stopped publishing expire (3 intervals, at least 3 s; the router's sweep drops them).
-//! * **At stop**: one last snapshot, so the demoted tenants of this instance are in the log
-//!   for the next start.
+//! * **At stop**: one last snapshot, marked `stopping`, so the demoted tenants of this instance
+//!   are in the log for the next start, and the others stop counting it as live at once. The
+//!   counts of a stopped instance (said so, or silent for 3 intervals: `kill -9`) fade out over
+//!   one `period` instead of vanishing, so a rolling restart does not let a tenant past the
+//!   limit.
 //!
 //! # What it costs, and what the broker being away costs
 //!
@@ -121,6 +124,9 @@ pub(crate) async fn run<C: Clock>(setup: TierShareSetup, clock: C, stop: Cancell
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut feed: Option<Box<dyn TierCountsFeed>> = None;
     let mut subscribe_at = Some(tokio::time::Instant::now());
+    // A subscription under way: awaited inside the select, so a broker that never answers it
+    // cannot hold the task past `stop`.
+    let mut subscribing: Option<BoxFuture<'static, Result<Box<dyn TierCountsFeed>, Error>>> = None;
     let mut backoff = Backoff::new(Duration::from_secs(5));
     let mut in_flight: Option<BoxFuture<'static, Result<(), Error>>> = None;
     let mut publish_failing = LogThrottle::default();
@@ -155,7 +161,12 @@ pub(crate) async fn run<C: Clock>(setup: TierShareSetup, clock: C, stop: Cancell
             }
             () = super::publisher::sleep_until(subscribe_at), if subscribe_at.is_some() => {
                 subscribe_at = None;
-                match counts.subscribe().await {
+                let counts = Arc::clone(&counts);
+                subscribing = Some(Box::pin(async move { counts.subscribe().await }));
+            }
+            result = subscribed(&mut subscribing), if subscribing.is_some() => {
+                subscribing = None;
+                match result {
                     Ok(f) => {
                         feed = Some(f);
                         backoff.reset();
@@ -190,8 +201,9 @@ pub(crate) async fn run<C: Clock>(setup: TierShareSetup, clock: C, stop: Cancell
             },
         }
     }
-    // The demoted tenants of this instance, for the next start.
-    let snapshot = router.lock().share_snapshot(clock.now_ms());
+    // The demoted tenants of this instance, for the next start; marked as the last, so the
+    // others count this instance as stopped at once (its counts fade out).
+    let snapshot = router.lock().final_snapshot(clock.now_ms());
     let last = counts.publish(&instance, snapshot.to_json());
     match tokio::time::timeout(FINAL_PUBLISH_TIMEOUT, last).await {
         Ok(Ok(())) => {}
@@ -219,6 +231,16 @@ async fn published(
     in_flight: &mut Option<BoxFuture<'static, Result<(), Error>>>,
 ) -> Result<(), Error> {
     match in_flight {
+        Some(f) => f.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Awaits the subscription under way; pends forever when there is none.
+async fn subscribed(
+    subscribing: &mut Option<BoxFuture<'static, Result<Box<dyn TierCountsFeed>, Error>>>,
+) -> Result<Box<dyn TierCountsFeed>, Error> {
+    match subscribing {
         Some(f) => f.await,
         None => std::future::pending().await,
     }

@@ -165,6 +165,14 @@ async fn serve<S: Source, K: Sink>(
         options,
     )?;
     if let Some((counts, instance)) = counts {
+        let tiers = &config.tiers;
+        if tiers.share_interval * 4 > tiers.period {
+            tracing::warn!(
+                share_interval_ms = tiers.share_interval.as_millis() as u64,
+                period_ms = tiers.period.as_millis() as u64,
+                "tiers.share-interval is more than a quarter of tiers.period: the other instances' counts are too old to catch a noisy tenant in time; shorten share-interval or lengthen period"
+            );
+        }
         tracing::info!(log = counts.name(), %instance, every_ms = config.tiers.share_interval.as_millis() as u64, "sharing tier counts with the other instances");
         runtime = runtime.with_tier_counts(counts, &instance);
     }

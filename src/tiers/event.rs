@@ -81,7 +81,8 @@ pub struct DemotedTenant {
     /// When it was demoted (ms).
     #[serde(with = "rfc3339_ms")]
     pub since: Millis,
-    /// Its rate now (emissions per period; above `limit + 1` an estimate).
+    /// Its rate now, deployment-wide (this instance's emissions per period plus the other
+    /// instances' latest counts; above `limit + 1` an estimate).
     pub rate: u64,
     /// `tiers.limit` (emissions per period).
     pub limit: u64,

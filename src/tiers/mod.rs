@@ -433,6 +433,9 @@ pub struct Router {
     remotes: BTreeMap<String, Remote>,
     /// Tenant → sum of `remotes`' counts of it (entries are removed when they reach 0).
     remote_sum: HashMap<Arc<str>, u64>,
+    /// The last counts of instances that stopped (said so, or stopped publishing), by
+    /// instance name: they fade out over one `period` from their snapshot's time.
+    fading: BTreeMap<String, Fading>,
     /// A snapshot with another `period` was seen (logged once).
     period_mismatch: bool,
 }
@@ -441,8 +444,36 @@ pub struct Router {
 #[derive(Debug)]
 struct Remote {
     counts: Vec<(Arc<str>, u64)>,
-    /// Router time after which they no longer count.
+    /// The snapshot's time (the sender's clock).
+    at: Millis,
+    /// Router time after which the instance is taken as stopped (its counts fade).
     expires_at: Millis,
+}
+
+/// The last counts of an instance that stopped: the emissions behind them leave the window
+/// during the `period` after the snapshot; taken as spread evenly over it, a count `c` taken
+/// at `at` still counts `c × (at + period − now) / period` at `now`. So a stopped instance's
+/// emissions neither vanish at once (a rolling restart would let a tenant past the limit)
+/// nor count for longer than they can.
+#[derive(Debug)]
+struct Fading {
+    counts: HashMap<Arc<str>, u64>,
+    at: Millis,
+}
+
+impl Fading {
+    fn count_at(&self, tenant: &str, now: Millis, period: Millis) -> u64 {
+        let Some(&c) = self.counts.get(tenant) else {
+            return 0;
+        };
+        let left = self
+            .at
+            .saturating_add(period)
+            .saturating_sub(now)
+            .clamp(0, period);
+        // Rounded up: a count fades to 0 only when its period is over.
+        (c as u128 * left as u128).div_ceil(period.max(1) as u128) as u64
+    }
 }
 
 /// What [`Router::restore`] took from the snapshots read at start.
@@ -452,6 +483,8 @@ pub struct Restored {
     pub snapshots: usize,
     /// Of those, instances still live (their counts are summed).
     pub live: usize,
+    /// Of those, instances stopped within the last period (their last counts fade out).
+    pub fading: usize,
     /// Tenants demoted again because a snapshot had them demoted and they have not recovered
     /// by the rule since.
     pub demoted: usize,
@@ -485,6 +518,7 @@ impl Router {
             instance: String::new(),
             remotes: BTreeMap::new(),
             remote_sum: HashMap::new(),
+            fading: BTreeMap::new(),
             period_mismatch: false,
         })
     }
@@ -520,7 +554,7 @@ impl Router {
     fn decide(&mut self, tenant: &str, now_ms: Millis) -> (TierId, Option<TierChange>) {
         let now = self.advance(now_ms);
         let pinned = self.table.pinned.get(tenant).copied();
-        let remote = self.remote_sum.get(tenant).copied().unwrap_or(0);
+        let remote = self.remote_at(tenant, now);
         let (table, rules) = (&*self.table, &self.rules);
         let (tier, change) = match self.tenants.get_mut(tenant) {
             Some(t) => t.step(tenant, pinned, now, remote, table, rules),
@@ -565,7 +599,7 @@ impl Router {
                 continue;
             };
             t.window.expire(now, &rules.window);
-            let remote = self.remote_sum.get(&*key).copied().unwrap_or(0);
+            let remote = remote_at(&self.remote_sum, &self.fading, &key, now, rules);
             let change = t.try_recover(&key, now, remote, table, rules);
             match t.next_check(rules) {
                 Some(at) => self.checks.push(Reverse((at, key))),
@@ -609,12 +643,17 @@ impl Router {
             .tenants
             .get(tenant)
             .map_or(0, |t| t.window.rate_at(now, &self.rules.window));
-        own + self.remote_sum.get(tenant).copied().unwrap_or(0)
+        own + self.remote_at(tenant, now)
     }
 
-    /// The other instances' latest count of `tenant` (0 when none is live or none counts it).
+    /// The other instances' latest count of `tenant` at router time (0 when none counts it):
+    /// the live instances' latest counts plus what is left of stopped instances' last ones.
     pub fn remote_count(&self, tenant: &str) -> u64 {
-        self.remote_sum.get(tenant).copied().unwrap_or(0)
+        self.remote_at(tenant, self.clock)
+    }
+
+    fn remote_at(&self, tenant: &str, now: Millis) -> u64 {
+        remote_at(&self.remote_sum, &self.fading, tenant, now, &self.rules)
     }
 
     /// Names of the other instances whose counts are live now, sorted.
@@ -680,6 +719,16 @@ impl Router {
                 .map(|(name, c)| (name.to_owned(), c))
                 .collect(),
             demoted,
+            stopping: false,
+        }
+    }
+
+    /// [`Router::share_snapshot`] marked as this instance's last (`stopping`): the others
+    /// take its counts as fading at once and no longer count it among the live instances.
+    pub fn final_snapshot(&mut self, now_ms: Millis) -> CountsSnapshot {
+        CountsSnapshot {
+            stopping: true,
+            ..self.share_snapshot(now_ms)
         }
     }
 
@@ -713,6 +762,12 @@ impl Router {
             );
         }
         self.drop_remote(&snapshot.instance);
+        self.fading.remove(&snapshot.instance);
+        if snapshot.stopping {
+            tracing::info!(instance = %snapshot.instance, "an instance stopped: its tier counts fade out over one period");
+            self.fade(snapshot.instance.clone(), fading_of(snapshot), now);
+            return Vec::new();
+        }
         let mut counts = Vec::with_capacity(snapshot.counts.len());
         for (tenant, &count) in &snapshot.counts {
             let key: Arc<str> = match self.remote_sum.get_key_value(tenant.as_str()) {
@@ -722,15 +777,84 @@ impl Router {
             *self.remote_sum.entry(Arc::clone(&key)).or_insert(0) += count;
             counts.push((key, count));
         }
+        let tenants: Vec<Arc<str>> = counts.iter().map(|(t, _)| Arc::clone(t)).collect();
+        self.remotes.insert(
+            snapshot.instance.clone(),
+            Remote {
+                counts,
+                at: snapshot.at,
+                expires_at,
+            },
+        );
         let mut changes = Vec::new();
-        for (tenant, _) in &counts {
+        // The other instance's demotions first: this instance may be the tenant's reporter.
+        for d in &snapshot.demoted {
+            if self.adopt(&d.tenant, d.since, d.above_until, now) {
+                let rate = self.rate_of(&d.tenant, now);
+                let change = self.table.change(
+                    &d.tenant,
+                    (0, self.table.demote_to),
+                    rate,
+                    self.rules.window.limit,
+                    now,
+                    ChangeReason::RateExceeded,
+                );
+                self.note(&change);
+                changes.push(change);
+            }
+        }
+        for tenant in &tenants {
             if let Some(c) = self.check_shared(tenant, now) {
                 changes.push(c);
             }
         }
-        self.remotes
-            .insert(snapshot.instance.clone(), Remote { counts, expires_at });
         changes
+    }
+
+    /// Keeps `fading` (an instance's last counts) until its period is over at `now`.
+    fn fade(&mut self, instance: String, fading: Fading, now: Millis) {
+        if fading.at.saturating_add(self.rules.window.period) > now && !fading.counts.is_empty() {
+            self.fading.insert(instance, fading);
+        }
+    }
+
+    /// Takes another instance's demotion of `tenant` (since `since`, its rate known at or
+    /// above the recovery threshold until `above_until`): unless the rule has promoted it
+    /// since (`above_until + cooldown` passed) or it is pinned, the tenant is demoted here too,
+    /// and its earliest recovery here is no earlier than there, so the instances promote it
+    /// together. Returns whether it was newly demoted here (the caller reports the change at
+    /// run time, so that the tenant's reporter publishes it whichever instance decided; at a
+    /// restore it is not a change).
+    fn adopt(&mut self, tenant: &str, since: Millis, above_until: Millis, now: Millis) -> bool {
+        if self.table.pinned.contains_key(tenant)
+            || !self.table.auto_demotion()
+            || above_until.saturating_add(self.rules.cooldown) <= now
+        {
+            return false;
+        }
+        let key: Arc<str> = match self.tenants.get_key_value(tenant) {
+            Some((k, _)) => Arc::clone(k),
+            None => Arc::from(tenant),
+        };
+        let is_new = !self.tenants.contains_key(tenant);
+        let t = self
+            .tenants
+            .entry(Arc::clone(&key))
+            .or_insert_with(Tenant::new);
+        t.shared_above_until = t.shared_above_until.max(above_until);
+        let newly = t.demoted_since.is_none();
+        if newly {
+            t.demoted_since = Some(since);
+        }
+        if is_new {
+            // One heap entry per tracked tenant; a known tenant has its entry already.
+            let check = t.next_check(&self.rules).unwrap_or(now);
+            self.checks.push(Reverse((check, Arc::clone(&key))));
+        }
+        if newly {
+            self.demoted.insert(key);
+        }
+        newly
     }
 
     /// Re-checks `tenant` against its deployment-wide count at `now` after the other
@@ -740,7 +864,7 @@ impl Router {
         if pinned.is_some() || !self.table.auto_demotion() {
             return None;
         }
-        let remote = self.remote_sum.get(&**tenant).copied().unwrap_or(0);
+        let remote = self.remote_at(tenant, now);
         let (table, rules) = (&*self.table, &self.rules);
         let change = match self.tenants.get_mut(&**tenant) {
             Some(t) => {
@@ -779,7 +903,8 @@ impl Router {
         }
     }
 
-    /// Drops the counts of instances that stopped publishing (expired at `now`).
+    /// Takes the instances that stopped publishing (expired at `now`) as stopped: their counts
+    /// fade out ([`Fading`]); drops faded ones.
     fn expire_remotes(&mut self, now: Millis) {
         let gone: Vec<String> = self
             .remotes
@@ -788,9 +913,18 @@ impl Router {
             .map(|(name, _)| name.clone())
             .collect();
         for name in gone {
-            tracing::info!(instance = %name, "tier counts of an instance expired: it stopped publishing them");
-            self.drop_remote(&name);
+            tracing::info!(instance = %name, "an instance stopped publishing its tier counts: they fade out over one period");
+            if let Some(r) = self.remotes.get(&name) {
+                let fading = Fading {
+                    counts: r.counts.iter().map(|(t, c)| (Arc::clone(t), *c)).collect(),
+                    at: r.at,
+                };
+                self.drop_remote(&name);
+                self.fade(name, fading, now);
+            }
         }
+        let period = self.rules.window.period;
+        self.fading.retain(|_, f| f.at.saturating_add(period) > now);
     }
 
     /// Restores tier state at start from the latest snapshot of every instance that published
@@ -818,38 +952,24 @@ impl Router {
             }
         }
         for (tenant, (since, above_until)) in demotions {
-            if self.table.pinned.contains_key(tenant)
-                || !self.table.auto_demotion()
-                || above_until.saturating_add(self.rules.cooldown) <= now
-            {
-                continue;
-            }
-            let key: Arc<str> = Arc::from(tenant);
-            let is_new = !self.tenants.contains_key(tenant);
-            let t = self
-                .tenants
-                .entry(Arc::clone(&key))
-                .or_insert_with(Tenant::new);
-            if t.demoted_since.is_none() {
-                t.demoted_since = Some(since);
+            if self.adopt(tenant, since, above_until, now) {
                 restored.demoted += 1;
             }
-            t.shared_above_until = t.shared_above_until.max(above_until);
-            if is_new {
-                // One heap entry per tracked tenant; a known tenant has its entry already.
-                let check = t.next_check(&self.rules).unwrap_or(now);
-                self.checks.push(Reverse((check, Arc::clone(&key))));
-            }
-            self.demoted.insert(key);
         }
         for s in snapshots {
             let expires_at = s.expires_at(s.at);
-            if s.instance != self.instance && expires_at > now {
+            if s.instance == self.instance {
+                continue;
+            }
+            if !s.stopping && expires_at > now {
                 restored.live += 1;
                 let changes = self.take_remote(s, expires_at, now);
                 restored.changes.extend(changes);
+            } else {
+                self.fade(s.instance.clone(), fading_of(s), now);
             }
         }
+        restored.fading = self.fading.len();
         restored
     }
 
@@ -865,7 +985,7 @@ impl Router {
                     tenant: name.to_string(),
                     tier: self.table.demote_to().to_owned(),
                     since: t.demoted_since?,
-                    rate: t.window.rate_at(now, &self.rules.window),
+                    rate: t.window.rate_at(now, &self.rules.window) + self.remote_at(name, now),
                     limit: self.rules.window.limit,
                     recovers_at: t.recovers_at(&self.rules),
                 })
@@ -914,8 +1034,37 @@ impl Router {
             limit = change.limit,
             at = change.at,
             reason = change.reason.as_str(),
+            reporter = self.reports(&change.tenant),
             "tier change"
         );
+    }
+}
+
+/// The other instances' count of `tenant` at `now`: the live ones' latest counts plus what is
+/// left of stopped ones' last counts.
+fn remote_at(
+    live: &HashMap<Arc<str>, u64>,
+    fading: &BTreeMap<String, Fading>,
+    tenant: &str,
+    now: Millis,
+    rules: &Rules,
+) -> u64 {
+    let live = live.get(tenant).copied().unwrap_or(0);
+    live + fading
+        .values()
+        .map(|f| f.count_at(tenant, now, rules.window.period))
+        .sum::<u64>()
+}
+
+/// The counts of `snapshot` as [`Fading`].
+fn fading_of(snapshot: &CountsSnapshot) -> Fading {
+    Fading {
+        counts: snapshot
+            .counts
+            .iter()
+            .map(|(t, &c)| (Arc::from(t.as_str()), c))
+            .collect(),
+        at: snapshot.at,
     }
 }
 

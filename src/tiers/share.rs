@@ -59,6 +59,10 @@ pub struct CountsSnapshot {
     /// Tenants the instance had demoted automatically at `at`.
     #[serde(default)]
     pub demoted: Vec<SharedDemotion>,
+    /// The instance's last snapshot, sent as it stops: the others stop counting it among
+    /// the live instances at once, and its counts fade out over one period.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stopping: bool,
 }
 
 /// One demoted tenant of a [`CountsSnapshot`].
@@ -129,6 +133,7 @@ mod tests {
                 since: 1_764_619_100_000,
                 above_until: 1_764_619_200_000,
             }],
+            stopping: false,
         };
         let json = String::from_utf8(s.to_json()).unwrap();
         assert!(

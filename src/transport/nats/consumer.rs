@@ -366,6 +366,32 @@ impl NatsInput {
     }
 }
 
+impl Drop for NatsInput {
+    /// Hands back every message delivered and not acked (`-NAK`), so JetStream redelivers it
+    /// at once to whoever reads the partition next instead of after `nats.ack-wait`. What
+    /// this matters for: a process fenced by a second one with the same index (the two read
+    /// through one durable consumer, and the first may have fetched from the consumer the
+    /// second re-created before its fence took effect); without it, those uploads reach the
+    /// new owner only after `ack-wait` (5 min by default). A message the new owner already
+    /// has (restored from the changelog) is below its offset and skipped. Best effort: sent
+    /// on the runtime if there is one.
+    fn drop(&mut self) {
+        if self.acks.is_empty() {
+            return;
+        }
+        let acks = std::mem::take(&mut self.acks);
+        let client = self.js.client();
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                for (_, reply) in acks {
+                    let _ = client.publish(reply, Bytes::from_static(b"-NAK")).await;
+                }
+                let _ = client.flush().await;
+            });
+        }
+    }
+}
+
 impl PartitionInput for NatsInput {
     fn topic(&self) -> &str {
         &self.config.input_stream

@@ -1,8 +1,8 @@
 //! The tier-counts bucket ([`TierCountsBucket`], a [`TierCounts`]): a JetStream KV bucket
-//! (`nats.tier-counts-bucket`, default `SETTLE_TIER_COUNTS`, history 1) where the instances
+//! (`nats.tier-counts-bucket`, default `SETTLE_TIER_COUNTS`, history 1, values kept 24 h) where the instances
 //! of one deployment exchange their per-tenant emission counts (SEMANTICS §5,
-//! `tiers::share`), key = instance name. Created at first use if missing, with `nats.storage`
-//! and `nats.replicas`.
+//! `tiers::share`), key = instance name. Created at first use if missing (and again if it is
+//! deleted while settle runs), with `nats.storage` and `nats.replicas`.
 //!
 //! * **Publish**: `put(instance, snapshot)`.
 //! * **Read at start**: every key, then the value of each (a deleted key is skipped).
@@ -16,7 +16,7 @@ use async_nats::jetstream::{self, kv, stream};
 use futures::future::BoxFuture;
 use futures::StreamExt;
 use std::time::Duration;
-use tokio::sync::OnceCell;
+use tokio::sync::Mutex;
 
 /// The NATS [`TierCounts`] (see the module doc).
 pub struct TierCountsBucket {
@@ -24,8 +24,13 @@ pub struct TierCountsBucket {
     bucket: String,
     storage: Storage,
     replicas: usize,
-    store: OnceCell<kv::Store>,
+    store: Mutex<Option<kv::Store>>,
 }
+
+/// Values older than this are dropped by the server: keys of instances long gone do not pile
+/// up (every start is a new instance name), while a live instance rewrites its key every
+/// share interval. 24 h, the longest `tiers.cooldown`.
+const BUCKET_MAX_AGE: Duration = Duration::from_secs(24 * 3600);
 
 impl TierCountsBucket {
     /// The tier-counts bucket of `config`, `None` when sharing is off (`""`). Nothing is
@@ -37,17 +42,23 @@ impl TierCountsBucket {
             bucket,
             storage: config.storage,
             replicas: config.replicas as usize,
-            store: OnceCell::new(),
+            store: Mutex::new(None),
         })
     }
 
-    /// The bucket, opened or created once.
-    async fn store(&self) -> Result<&kv::Store, Error> {
-        self.store
-            .get_or_try_init(|| async {
-                if let Ok(store) = self.js.get_key_value(&self.bucket).await {
-                    return Ok(store);
-                }
+    /// The bucket: opened (created if missing) on first use, and again after a failure (a
+    /// bucket deleted while settle runs is created anew).
+    ///
+    /// Errors: [`Error::Unavailable`] naming why it could be neither opened nor created (for
+    /// example a stream `KV_<bucket>` that is not a KV bucket).
+    async fn store(&self) -> Result<kv::Store, Error> {
+        let mut cached = self.store.lock().await;
+        if let Some(store) = &*cached {
+            return Ok(store.clone());
+        }
+        let opened = match self.js.get_key_value(&self.bucket).await {
+            Ok(store) => store,
+            Err(open_error) => {
                 // The KV stream made by hand: `create_key_value` first asks for the account
                 // info, which async-nats cannot parse from a NATS 2.9 server.
                 let wanted = stream::Config {
@@ -55,6 +66,7 @@ impl TierCountsBucket {
                     description: Some("settle: each instance's tier counts (SEMANTICS §5)".into()),
                     subjects: vec![format!("$KV.{}.>", self.bucket)],
                     max_messages_per_subject: 1,
+                    max_age: BUCKET_MAX_AGE,
                     storage: match self.storage {
                         Storage::File => stream::StorageType::File,
                         Storage::Memory => stream::StorageType::Memory,
@@ -66,15 +78,28 @@ impl TierCountsBucket {
                     discard: stream::DiscardPolicy::New,
                     ..stream::Config::default()
                 };
-                if let Err(e) = self.js.create_stream(wanted).await {
-                    tracing::debug!(error = %e, bucket = %self.bucket, "nats: creating the tier-counts bucket");
+                if let Err(create_error) = self.js.create_stream(wanted).await {
+                    return Err(unavailable(format!(
+                        "tier-counts bucket {b} can be neither opened ({open_error}) nor created \
+                         ({create_error}); if a stream KV_{b} exists that is not a KV bucket, \
+                         remove it or set nats.tier-counts-bucket to another name",
+                        b = self.bucket
+                    )));
                 }
+                tracing::info!(bucket = %self.bucket, "nats: tier-counts bucket created");
                 self.js
                     .get_key_value(&self.bucket)
                     .await
-                    .map_err(|e| unavailable(format!("tier-counts bucket {}: {e}", self.bucket)))
-            })
-            .await
+                    .map_err(|e| unavailable(format!("tier-counts bucket {}: {e}", self.bucket)))?
+            }
+        };
+        *cached = Some(opened.clone());
+        Ok(opened)
+    }
+
+    /// Forgets the opened bucket after a failure, so the next use opens (or creates) it again.
+    async fn forget(&self) {
+        *self.store.lock().await = None;
     }
 }
 
@@ -108,11 +133,16 @@ impl TierCounts for TierCountsBucket {
         let key = kv_key(instance);
         Box::pin(async move {
             let store = self.store().await?;
-            store
-                .put(key, snapshot.into())
-                .await
-                .map(|_| ())
-                .map_err(|e| unavailable(format!("tier-counts put: {e}")))
+            match store.put(key, snapshot.into()).await {
+                Ok(_) => Ok(()),
+                Err(e) => {
+                    self.forget().await;
+                    Err(unavailable(format!(
+                        "tier-counts put to {}: {e}",
+                        self.bucket
+                    )))
+                }
+            }
         })
     }
 
