@@ -9,7 +9,7 @@ use crate::config::nats::NatsConfig;
 use crate::store::Change;
 use crate::transport::kafka::{
     DLQ_REASON_HEADER, DLQ_SOURCE_OFFSET_HEADER, DLQ_SOURCE_PARTITION_HEADER,
-    DLQ_SOURCE_TOPIC_HEADER,
+    DLQ_SOURCE_TOPIC_HEADER, INSTANCE_HEADER, PARTITION_HEADER,
 };
 use crate::transport::{ChangelogReader, Error, InputRecord, ReadyMessage, Sink};
 use anyhow::Context as _;
@@ -22,7 +22,9 @@ use futures::future::BoxFuture;
 use std::sync::Arc;
 
 /// [`Sink`] over JetStream publishes: ready records to their message's subject (the tier's
-/// topic) with `Nats-Msg-Id` = `settle-emission-id` = the emission id and `settle-key`;
+/// topic) with `Nats-Msg-Id` = `settle-emission-id` = the emission id, `settle-key`, and (as
+/// on Kafka) `settle-instance` (this process: [`NatsConfig::instance_name`]) and
+/// `settle-partition` (the input partition whose task emitted it);
 /// dead letters to `nats.dead-letter-subject` with the original payload, key header and the
 /// `settle-dlq-*` headers (`Nats-Msg-Id` = `dlq:<stream>:<sequence>`, so a dead letter
 /// re-sent after a crash is dropped as a duplicate too). Cheap to clone.
@@ -31,6 +33,8 @@ pub struct NatsSink {
     js: jetstream::Context,
     input_stream: Arc<str>,
     dead_letter_subject: Arc<str>,
+    /// Header `settle-instance` of ready records.
+    instance: Arc<str>,
     /// `nats.changelog-stream` (`None`: off).
     changelog: Option<NatsChangelog>,
 }
@@ -44,6 +48,7 @@ impl NatsSink {
             js,
             input_stream: config.input_stream.as_str().into(),
             dead_letter_subject: config.dead_letter_subject.as_str().into(),
+            instance: config.instance_name().into(),
         }
     }
 
@@ -79,6 +84,10 @@ impl Sink for NatsSink {
         );
         headers.insert(EMISSION_ID_HEADER, message.emission_id.as_str());
         headers.insert(KEY_HEADER, message.key.as_str());
+        headers.insert(INSTANCE_HEADER, &*self.instance);
+        if let Some(p) = message.partition {
+            headers.insert(PARTITION_HEADER, p.to_string().as_str());
+        }
         self.send(message.topic, headers, message.payload.into())
             .await
     }
