@@ -42,5 +42,6 @@ mod nats_pipeline;
 mod nats_process;
 mod nats_rescale;
 mod nats_tier_counts;
+mod nats_tiers;
 mod tune_kafka;
 mod tune_nats;
