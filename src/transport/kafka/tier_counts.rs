@@ -233,13 +233,11 @@ fn read_latest_blocking(
     // A topic created a moment ago may take a moment to show in the metadata; a topic that
     // does not exist (and could not be created) holds no snapshot: nothing to restore.
     let partitions = loop {
-        match partition_count(consumer, topic) {
-            Ok(n) if n > 0 => break n,
-            Err(e) if format!("{e:#}").contains("UnknownTopicOrPartition") => return Ok(Vec::new()),
-            Ok(_) => {}
-            Err(e) if Instant::now() + Duration::from_millis(200) >= deadline => {
-                return Err(unavailable(e))
-            }
+        match topic_partitions(consumer, topic) {
+            Ok(Some(n)) if n > 0 => break n,
+            Ok(None) => return Ok(Vec::new()),
+            Ok(Some(_)) => {}
+            Err(e) if Instant::now() + Duration::from_millis(200) >= deadline => return Err(e),
             Err(_) => {}
         }
         if Instant::now() >= deadline {
@@ -313,6 +311,26 @@ fn read_latest_blocking(
         }
     }
     Ok(latest.into_values().collect())
+}
+
+/// The partition count of `topic`, `None` when the cluster says it does not exist.
+///
+/// Errors: the metadata cannot be read, or names another error for the topic.
+fn topic_partitions(
+    consumer: &BaseConsumer<LogContext>,
+    topic: &str,
+) -> Result<Option<i32>, Error> {
+    let metadata = consumer
+        .fetch_metadata(Some(topic), CALL_TIMEOUT)
+        .map_err(|e| classify(&e))?;
+    let Some(t) = metadata.topics().iter().find(|t| t.name() == topic) else {
+        return Ok(None);
+    };
+    match t.error().map(RDKafkaErrorCode::from) {
+        None => Ok(Some(t.partitions().len() as i32)),
+        Some(RDKafkaErrorCode::UnknownTopicOrPartition) => Ok(None),
+        Some(code) => Err(unavailable(format!("topic {topic}: {code}"))),
+    }
 }
 
 /// Polls the feed consumer until the receiving side is gone.
