@@ -65,7 +65,7 @@ async fn run_async(args: RunFileArgs) -> anyhow::Result<RunFileReport> {
         .load_trace_file(&args.input)
         .with_context(|| format!("cannot read the trace {}", args.input.display()))?;
     broker
-        .tee_output(&args.output)
+        .tee_output_only(&args.output)
         .with_context(|| format!("cannot open the output {}", args.output.display()))?;
     let mut options = RuntimeOptions::from_config(&config);
     options.data_dir = args.data_dir.clone();

@@ -19,6 +19,11 @@
 //!    next offset and the partition time, commit. Then commit the next offset to the source
 //!    (at most every [`COMMIT_INTERVAL`] while records flow; at once when caught up).
 //! 4. Hand owed emissions to the publisher; delete acknowledged ones from the outbox.
+//! 5. Flush (every `store.flush-interval`, or at `store.flush-max-dirty` changed keys): the
+//!    committed changes go to RocksDB in one write; only then are its emissions handed to
+//!    the publisher and its offset committed. While the partition catches up (records or
+//!    due timers waiting) the write runs on the store's writer thread and the task goes on
+//!    with the next batch; an idle partition writes on its own thread (`Task::flush_if_due`).
 //!
 //! # Catch-up pacing
 //!
@@ -260,6 +265,7 @@ pub async fn run<I: PartitionInput, K: Sink, C: Clock>(
         committable: None,
         committed_at: Instant::now(),
         flushed_at: Instant::now(),
+        flush_drill: 0,
         flushed_offset: store.stored_offset(),
         publisher_progress_at: Instant::now(),
         metrics: ctx.metrics.partition(input.topic(), partition),
@@ -327,8 +333,10 @@ struct Task<I, K, C> {
     committable: Option<i64>,
     /// When the source was last asked to commit.
     committed_at: Instant,
-    /// When the store last flushed (write-behind).
+    /// When the store last started a flush (write-behind).
     flushed_at: Instant,
+    /// The crash drill's number of the flush in flight (0: none; see [`CRASH_AFTER_FLUSH_ENV`]).
+    flush_drill: u64,
     /// The store's durable offset as last seen after a flush.
     flushed_offset: Option<i64>,
     /// When the publisher last took an entry or acknowledged one.
@@ -527,19 +535,43 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
 
     /// Writes what the store holds in memory when the flush interval has passed since the
     /// last flush, the dirty-key cap is reached, or `force`; then the durable offset is the
-    /// one to commit to the source. Returns whether it flushed.
+    /// one to commit to the source. Returns whether a flush became durable in this call.
+    ///
+    /// While the partition catches up (a backlog of records or of due timers; at-least-once,
+    /// not forced), the write
+    /// runs on the store's writer thread ([`PartitionStore::start_flush`]) while this task
+    /// goes on deciding the next records; this call (made every loop turn) sees it done
+    /// ([`PartitionStore::poll_flush`]) and only then are its emissions handed out and its
+    /// offset committed. One write at a time: a due flush waits for the one in flight. An
+    /// idle partition, a stopping one (`force`) and exactly-once flushes write on this
+    /// thread, after the one in flight: nothing else is waiting then, and the emissions go
+    /// out without a loop turn in between.
     ///
     /// Errors: the store's (fatal; its memory is back at the last durable state).
     fn flush_if_due(&mut self, force: bool) -> Result<bool, store::Error> {
-        if !self.store.unflushed() {
-            return Ok(false);
+        let on_thread = force || self.txn.is_some() || !self.busy()?;
+        let mut durable = match self.store.poll_flush()? {
+            Some(done) => {
+                self.flush_written(done.took);
+                true
+            }
+            None => false,
+        };
+        if on_thread {
+            if let Some(done) = self.store.wait_flush()? {
+                self.flush_written(done.took);
+                durable = true;
+            }
+        }
+        if !self.store.unflushed() || self.store.write_in_flight() {
+            return Ok(durable);
         }
         let s = &self.ctx.settings;
         if !force
             && self.store.dirty_keys() < s.flush_max_dirty
             && self.flushed_at.elapsed() < s.flush_interval
         {
-            return Ok(false);
+            return Ok(durable);
         }
         let drill = crash_drill();
         let n = if self.store.unflushed_emissions() > 0 && drill != (None, None) {
@@ -548,12 +580,34 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
             0
         };
         crash_if(drill.0, n, CRASH_BEFORE_FLUSH_ENV);
-        // Measured, not decided on: the shell may read the real clock here (STYLE §1).
-        let started = std::time::Instant::now();
-        self.store.flush()?;
-        self.metrics.store_write(started.elapsed());
-        crash_if(drill.1, n, CRASH_AFTER_FLUSH_ENV);
         self.flushed_at = Instant::now();
+        self.flush_drill = n;
+        if on_thread {
+            // Measured, not decided on: the shell may read the real clock here (STYLE §1).
+            let started = std::time::Instant::now();
+            self.store.flush()?;
+            self.flush_written(started.elapsed());
+            return Ok(true);
+        }
+        self.store.start_flush()?;
+        Ok(durable)
+    }
+
+    /// True while the partition has work beyond this flush: records to read or apply, or
+    /// timers already due (a replayed backlog's rounds, overdue ones after a restart).
+    fn busy(&self) -> Result<bool, store::Error> {
+        if !self.caught_up || !self.held.is_empty() {
+            return Ok(true);
+        }
+        Ok(matches!(self.store.next_timer()?, Some((due, _)) if due <= self.clock.now()))
+    }
+
+    /// A flush is durable (it took `took` to write): counts it, runs the after-flush crash
+    /// drill, and makes its offset the one to commit.
+    fn flush_written(&mut self, took: Duration) {
+        self.metrics.store_write(took);
+        crash_if(crash_drill().1, self.flush_drill, CRASH_AFTER_FLUSH_ENV);
+        self.flush_drill = 0;
         let durable = self.store.stored_offset();
         if durable != self.flushed_offset {
             self.flushed_offset = durable;
@@ -561,13 +615,16 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
                 self.uncommitted = durable;
             }
         }
-        Ok(true)
     }
 
     /// How long the next poll may wait for input: [`Task::wait_for_input`], and no longer
     /// than until the next flush is due while memory holds unflushed changes.
     fn poll_wait(&self, pause: Option<Duration>) -> Result<Duration, store::Error> {
         let wait = self.wait_for_input(pause)?;
+        if self.store.write_in_flight() {
+            // Its emissions are handed out (and its offset committed) once it is seen done.
+            return Ok(wait.min(FEED_WAIT));
+        }
         if self.store.unflushed() {
             let left = self
                 .ctx

@@ -269,6 +269,10 @@ impl<'s> Batch<'s> {
 
     /// The slot of `key`: from the batch, the cache, or RocksDB on a miss.
     fn slot(&mut self, key: &SessionKey) -> Result<&mut Slot, Error> {
+        // The common case (the driver's several calls per upload) without cloning the key.
+        if self.slots.contains_key(key) {
+            return Ok(self.slots.get_mut(key).expect("checked just above"));
+        }
         match self.slots.entry(key.clone()) {
             Entry::Occupied(e) => Ok(e.into_mut()),
             Entry::Vacant(e) => {
@@ -469,12 +473,17 @@ impl SessionTable for Batch<'_> {
     }
 
     fn first_due(&mut self, now: Millis) -> Result<Option<(Millis, SessionKey)>, Error> {
-        let put = self.timer_puts.first().cloned();
-        let first = match (self.index_head().cloned(), put) {
+        self.index_head();
+        let head = match &self.head {
+            Head::At(t) => Some(t),
+            Head::End | Head::Unknown { .. } => None,
+        };
+        let first = match (head, self.timer_puts.first()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        Ok(first.filter(|(due, _)| *due <= now))
+        // Cloned only when due: most calls (one per upload) find nothing due.
+        Ok(first.filter(|(due, _)| *due <= now).cloned())
     }
 }
 

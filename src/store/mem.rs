@@ -129,7 +129,11 @@ pub(crate) struct Mem {
     pub(crate) outbox: BTreeMap<u64, Emission>,
     /// Outbox entries below this sequence number are in RocksDB.
     pub(crate) durable_seq: u64,
-    /// Acknowledged sequence numbers below `durable_seq`: deletes owed to RocksDB.
+    /// Outbox entries below this sequence number are in RocksDB or in the write in flight
+    /// (`store::InFlight`); `durable_seq` catches up when that write is done. The next flush
+    /// writes the entries from here on.
+    pub(crate) written_seq: u64,
+    /// Acknowledged sequence numbers below `written_seq`: deletes owed to RocksDB.
     pub(crate) acked: Vec<u64>,
     pub(crate) tenants: FxHashMap<Box<str>, TenantStats>,
     /// Tenants changed (or evicted) since the last flush.
@@ -153,6 +157,7 @@ impl Mem {
             timers: BTreeSet::new(),
             outbox: BTreeMap::new(),
             durable_seq: 0,
+            written_seq: 0,
             acked: Vec::new(),
             tenants: FxHashMap::default(),
             dirty_tenants: FxHashSet::default(),
@@ -261,8 +266,10 @@ impl Mem {
         self.budget.charge(add, sub);
     }
 
-    /// After a flush wrote every dirty entry: they are clean.
-    pub(crate) fn flushed(&mut self) {
+    /// After a flush took every dirty entry into its RocksDB write: they are clean (but not
+    /// evictable before that write is done: [`Mem::evict`] runs only then). The outbox
+    /// entries it holds become durable with [`Mem::durable`].
+    pub(crate) fn sealed(&mut self) {
         for key in std::mem::take(&mut self.dirty) {
             if let Some(e) = self.entries.get_mut(&key) {
                 e.dirty = false;
@@ -270,8 +277,13 @@ impl Mem {
         }
         self.acked.clear();
         self.dirty_tenants.clear();
-        self.durable_seq = self.current.next_seq;
+        self.written_seq = self.current.next_seq;
         self.current.position_dirty = false;
+    }
+
+    /// The write holding the outbox entries below `seq` is done: they may be published.
+    pub(crate) fn durable(&mut self, seq: u64) {
+        self.durable_seq = self.durable_seq.max(seq);
     }
 
     /// True when something is not in RocksDB yet.
@@ -279,7 +291,7 @@ impl Mem {
         !self.dirty.is_empty()
             || !self.acked.is_empty()
             || !self.dirty_tenants.is_empty()
-            || self.durable_seq != self.current.next_seq
+            || self.written_seq != self.current.next_seq
             || self.current.position_dirty
     }
 

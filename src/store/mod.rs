@@ -24,6 +24,11 @@
 //!   only once the state that produced it is durable, and the input offset committed to the
 //!   broker never passes what is durable: a crash re-reads the input since the last flush
 //!   and decides the same emissions again (durable first, then visible; STYLE §3).
+//! * **Write-behind off the partition's thread** (the runtime, at-least-once):
+//!   [`PartitionStore::start_flush`] builds the same one write batch and hands it to the
+//!   store's writer thread; the partition task goes on deciding, and the write counts (offset,
+//!   outbox entries handed out, changes for the changelog, eviction) only once
+//!   [`PartitionStore::poll_flush`] sees it done. One write in flight at a time.
 //!
 //! Sessions are cached in memory up to a process-wide budget ([`MemoryBudget`],
 //! `store.session-cache`), evicted least recently used when clean and read back on a miss;
@@ -86,6 +91,7 @@ use keys::{
 use mem::Mem;
 use rocksdb::{ColumnFamily, WriteBatch, WriteOptions, DB};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// `<data_dir>/<topic>/<partition>`: where the store of one partition lives.
 pub fn partition_path(data_dir: &Path, topic: &str, partition: i32) -> PathBuf {
@@ -191,28 +197,68 @@ impl StoreState {
 }
 
 /// Writes what `state`'s memory holds beyond its durable `meta` in ONE RocksDB write (see
-/// [`PartitionStore::flush`]). On error the memory is reloaded from `db`.
+/// [`PartitionStore::flush`]), on the calling thread. On error the memory is reloaded from
+/// `db`.
 pub(crate) fn flush_state(db: &DB, state: &mut StoreState) -> Result<FlushReport, Error> {
     if !state.mem.unflushed() {
         return Ok(FlushReport::default());
     }
-    match write_unflushed(db, state) {
-        Ok(report) => {
-            state.mem.flushed();
-            state.mem.evict();
-            Ok(report)
+    let written = prepare(db, state).and_then(|(wb, p)| {
+        db.write_opt(wb, &state.write_opts).map_err(Error::Write)?;
+        Ok(p)
+    });
+    match written {
+        Ok(p) => {
+            state.mem.sealed();
+            Ok(state.written(p))
         }
-        Err(e) => {
-            // The memory is ahead of what RocksDB holds and the write is lost: make the
-            // memory the durable state again (what a restart would see).
-            state.changes.clear();
-            reload(db, state)?;
-            Err(e)
+        Err(e) => Err(state.failed(db, e)),
+    }
+}
+
+/// A flush's write, built: what the store becomes once RocksDB holds it.
+pub(crate) struct Prepared {
+    /// The changelog records of the write.
+    recorded: Vec<Change>,
+    stamp: Stamp,
+    report: FlushReport,
+    /// The durable `meta` values after the write.
+    meta: Meta,
+    /// Outbox entries below this sequence number are in the write.
+    seq: u64,
+}
+
+impl StoreState {
+    /// The write `p` is stored: its values are the durable ones, its outbox entries may be
+    /// published, its changes go to the changelog, and clean sessions past the budget are
+    /// evicted (only now: an entry evicted while its write is in flight would be read back
+    /// stale).
+    fn written(&mut self, mut p: Prepared) -> FlushReport {
+        self.changes.append(&mut p.recorded);
+        self.stamped(p.stamp);
+        self.meta = p.meta;
+        self.mem.durable(p.seq);
+        self.mem.evict();
+        p.report
+    }
+
+    /// A flush's write failed with `e`: the memory is ahead of what RocksDB holds and the
+    /// write is lost, so the memory becomes the durable state again (what a restart would
+    /// see). Returns `e`, or the error of that reload.
+    fn failed(&mut self, db: &DB, e: Error) -> Error {
+        self.changes.clear();
+        match reload(db, self) {
+            Ok(()) => e,
+            Err(reload_error) => reload_error,
         }
     }
 }
 
-fn write_unflushed(db: &DB, state: &mut StoreState) -> Result<FlushReport, Error> {
+/// Builds the ONE RocksDB write batch of a flush from what `state`'s memory holds beyond
+/// its durable `meta`. Changes nothing in `state`.
+///
+/// Errors: [`Error::Encode`], [`Error::InjectedFault`].
+fn prepare(db: &DB, state: &mut StoreState) -> Result<(WriteBatch, Prepared), Error> {
     let mut recorded = Vec::new();
     let mut w = changelog::Writes::new(db, state.recording.then_some(&mut recorded));
     let mem = &mut state.mem;
@@ -222,7 +268,7 @@ fn write_unflushed(db: &DB, state: &mut StoreState) -> Result<FlushReport, Error
     // skip list) starting from where the previous insert ended, far cheaper for ascending
     // keys than for hash order.
     let mut buf = Vec::with_capacity(256);
-    for (&seq, emission) in mem.outbox.range(mem.durable_seq..) {
+    for (&seq, emission) in mem.outbox.range(mem.written_seq..) {
         buf = keys::encode_emission_into(emission, buf)?;
         w.put(CF_OUTBOX, &keys::outbox_key(seq), &buf);
         report.outbox_puts += 1;
@@ -232,7 +278,7 @@ fn write_unflushed(db: &DB, state: &mut StoreState) -> Result<FlushReport, Error
         w.delete(CF_OUTBOX, &keys::outbox_key(seq));
         report.outbox_deletes += 1;
     }
-    mem.dirty.sort_unstable();
+    sort_keys(&mut mem.dirty);
     for key in &mem.dirty {
         let Some(entry) = mem.entries.get(key) else {
             continue;
@@ -286,19 +332,105 @@ fn write_unflushed(db: &DB, state: &mut StoreState) -> Result<FlushReport, Error
         state.fail_commits -= 1;
         return Err(Error::InjectedFault);
     }
-    w.write(&state.write_opts)?;
-    state.changes.append(&mut recorded);
-    state.stamped(stamp);
+    let changelog::Writes { wb, .. } = w;
     let cur = &state.mem.current;
-    state.meta = Meta {
-        offset: cur.offset,
-        partition_time: cur.partition_time,
-        next_seq: cur.next_seq,
-        outbox_len,
-        sessions: cur.sessions,
-        open_rounds: cur.open_rounds,
+    let prepared = Prepared {
+        recorded,
+        stamp,
+        report,
+        meta: Meta {
+            offset: cur.offset,
+            partition_time: cur.partition_time,
+            next_seq: cur.next_seq,
+            outbox_len,
+            sessions: cur.sessions,
+            open_rounds: cur.open_rounds,
+        },
+        seq: cur.next_seq,
     };
-    Ok(report)
+    Ok((wb, prepared))
+}
+
+/// Sorts `keys` in byte order (RocksDB's), comparing their first 16 bytes as one integer
+/// first: most session keys are shorter, so most comparisons are one integer compare rather
+/// than a string compare.
+fn sort_keys(keys: &mut [SessionKey]) {
+    fn prefix(k: &SessionKey) -> u128 {
+        let mut b = [0u8; 16];
+        let s = k.as_str().as_bytes();
+        let n = s.len().min(16);
+        b[..n].copy_from_slice(&s[..n]);
+        u128::from_be_bytes(b)
+    }
+    // A prefix padded with zeros sorts as the bytes do, except that "a" and "a\0" tie:
+    // ties fall back to the whole key.
+    keys.sort_unstable_by(|a, b| {
+        prefix(a)
+            .cmp(&prefix(b))
+            .then_with(|| a.as_str().cmp(b.as_str()))
+    });
+}
+
+/// What one flush written on the store's writer thread did
+/// ([`PartitionStore::poll_flush`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlushDone {
+    /// What it wrote.
+    pub report: FlushReport,
+    /// How long RocksDB took to write it (the writer thread's time, queueing excluded).
+    pub took: std::time::Duration,
+}
+
+/// The write of a flush handed to the writer thread, not done yet.
+struct InFlight {
+    prepared: Prepared,
+}
+
+/// The store's writer thread: takes one write batch at a time, writes it, answers with the
+/// result and the time it took. Ends when the store drops its sender.
+struct Writer {
+    batches: Option<std::sync::mpsc::SyncSender<WriteBatch>>,
+    done: std::sync::mpsc::Receiver<(Result<(), rocksdb::Error>, std::time::Duration)>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Writer {
+    fn start(db: Arc<DB>, opts: WriteOptions, path: &Path) -> Result<Self, Error> {
+        let (batches, rx) = std::sync::mpsc::sync_channel::<WriteBatch>(1);
+        let (tx, done) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("settle-store-writer".into())
+            .spawn(move || {
+                for wb in rx {
+                    let started = std::time::Instant::now();
+                    let result = db.write_opt(wb, &opts);
+                    if tx.send((result, started.elapsed())).is_err() {
+                        return;
+                    }
+                }
+            })
+            .map_err(|e| Error::Open {
+                path: path.to_path_buf(),
+                reason: format!("cannot start the store's writer thread: {e}"),
+            })?;
+        Ok(Writer {
+            batches: Some(batches),
+            done,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        // The thread finishes the write it has (if any), sees the channel closed, and ends;
+        // joined so the database is closed once the store is dropped (it may be reopened
+        // right after, e.g. a partition assigned back).
+        self.batches = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// Reads the durable `meta` values and the local changelog bookkeeping, and rebuilds the
@@ -328,6 +460,7 @@ fn reload(db: &DB, state: &mut StoreState) -> Result<(), Error> {
         position_dirty: false,
     };
     mem.durable_seq = meta.next_seq;
+    mem.written_seq = meta.next_seq;
 
     let mut it = db.raw_iterator_cf(cf(db, CF_SESSIONS));
     it.seek_to_first();
@@ -405,9 +538,15 @@ fn meta_u64(db: &DB, key: &[u8]) -> Result<Option<u64>, Error> {
 /// The RocksDB store of one partition with its in-memory state (see the module docs for
 /// layout, modes and invariants). Owned by the partition task; `Send`, not shared.
 pub struct PartitionStore {
-    db: DB,
+    // Field order is drop order: the writer thread ends (and drops its handle) before the
+    // store's own handle closes the database.
+    writer: Option<Writer>,
+    in_flight: Option<InFlight>,
+    db: Arc<DB>,
     path: PathBuf,
     state: StoreState,
+    /// The options it was opened with (the writer thread's write options come from them).
+    options: StoreOptions,
 }
 
 impl std::fmt::Debug for PartitionStore {
@@ -506,7 +645,10 @@ impl PartitionStore {
             }
         }
         let mut store = PartitionStore {
-            db,
+            writer: None,
+            in_flight: None,
+            db: Arc::new(db),
+            options: options.clone(),
             path: path.to_path_buf(),
             state: StoreState {
                 write_opts: options::write_options(options),
@@ -551,8 +693,105 @@ impl PartitionStore {
     /// Errors: [`Error::Write`], [`Error::InjectedFault`], [`Error::Encode`]: nothing is
     /// stored, and the memory is reloaded from RocksDB (the store is its last durable
     /// state); a [`Error::Read`]/[`Error::Corrupt`] of that reload.
+    /// A write started by [`PartitionStore::start_flush`] is waited for first.
     pub fn flush(&mut self) -> Result<FlushReport, Error> {
+        self.wait_flush()?;
         flush_state(&self.db, &mut self.state)
+    }
+
+    /// Write-behind off the caller's thread: builds the flush's ONE write batch (as
+    /// [`PartitionStore::flush`] would write it) and hands it to the store's writer thread
+    /// (started at the first call), then returns at once. The sessions it holds are clean
+    /// from now on (a later change makes them dirty again, for the next flush), but nothing
+    /// of it counts as durable — [`PartitionStore::stored_offset`], the outbox entries
+    /// handed out, the changes for the changelog, eviction — until
+    /// [`PartitionStore::poll_flush`] or [`PartitionStore::wait_flush`] sees it written. One
+    /// write at a time: returns `Ok(false)` without doing anything while one is in flight,
+    /// or when nothing is owed.
+    ///
+    /// Errors: [`Error::Encode`], [`Error::InjectedFault`] (the memory is reloaded from
+    /// RocksDB, as for a failed [`PartitionStore::flush`]); [`Error::Open`] when the writer
+    /// thread cannot be started.
+    pub fn start_flush(&mut self) -> Result<bool, Error> {
+        if self.in_flight.is_some() || !self.state.mem.unflushed() {
+            return Ok(false);
+        }
+        if self.writer.is_none() {
+            let opts = options::write_options(&self.options);
+            self.writer = Some(Writer::start(Arc::clone(&self.db), opts, &self.path)?);
+        }
+        let (wb, prepared) = match prepare(&self.db, &mut self.state) {
+            Ok(p) => p,
+            Err(e) => return Err(self.state.failed(&self.db, e)),
+        };
+        let writer = self.writer.as_ref().expect("started above");
+        let sent = writer.batches.as_ref().map(|b| b.send(wb));
+        if !matches!(sent, Some(Ok(()))) {
+            let e = Error::Open {
+                path: self.path.clone(),
+                reason: "the store's writer thread has stopped".into(),
+            };
+            return Err(self.state.failed(&self.db, e));
+        }
+        self.state.mem.sealed();
+        self.in_flight = Some(InFlight { prepared });
+        Ok(true)
+    }
+
+    /// True while a write started by [`PartitionStore::start_flush`] is not seen done.
+    pub fn write_in_flight(&self) -> bool {
+        self.in_flight.is_some()
+    }
+
+    /// The write started by [`PartitionStore::start_flush`], if it is done now (does not
+    /// wait): `Some` once, when it is; its outbox entries, offset and changes are then the
+    /// durable ones.
+    ///
+    /// Errors: [`Error::Write`] when RocksDB refused it: nothing of it is stored, and the
+    /// memory is reloaded from RocksDB (also losing what was committed after it: the store
+    /// is its last durable state); the error of that reload.
+    pub fn poll_flush(&mut self) -> Result<Option<FlushDone>, Error> {
+        self.finish_flush(false)
+    }
+
+    /// [`PartitionStore::poll_flush`], waiting for the write in flight if there is one.
+    pub fn wait_flush(&mut self) -> Result<Option<FlushDone>, Error> {
+        self.finish_flush(true)
+    }
+
+    fn finish_flush(&mut self, wait: bool) -> Result<Option<FlushDone>, Error> {
+        use std::sync::mpsc::TryRecvError;
+        if self.in_flight.is_none() {
+            return Ok(None);
+        }
+        let Some(writer) = self.writer.as_ref() else {
+            return Ok(None);
+        };
+        let answer = if wait {
+            writer.done.recv().map_err(|_| TryRecvError::Disconnected)
+        } else {
+            writer.done.try_recv()
+        };
+        let (result, took) = match answer {
+            Ok(a) => a,
+            Err(TryRecvError::Empty) => return Ok(None),
+            Err(TryRecvError::Disconnected) => {
+                self.in_flight = None;
+                let e = Error::Open {
+                    path: self.path.clone(),
+                    reason: "the store's writer thread stopped before answering".into(),
+                };
+                return Err(self.state.failed(&self.db, e));
+            }
+        };
+        let InFlight { prepared } = self.in_flight.take().expect("checked above");
+        match result {
+            Ok(()) => Ok(Some(FlushDone {
+                report: self.state.written(prepared),
+                took,
+            })),
+            Err(e) => Err(self.state.failed(&self.db, Error::Write(e))),
+        }
     }
 
     /// True when memory holds changes not yet flushed.
@@ -745,7 +984,7 @@ impl PartitionStore {
         for &seq in seqs {
             if mem.outbox.remove(&seq).is_some() {
                 deleted += 1;
-                if seq < mem.durable_seq {
+                if seq < mem.written_seq {
                     mem.acked.push(seq);
                 }
             }
@@ -782,7 +1021,12 @@ impl PartitionStore {
 
     /// Recorded changes not taken yet.
     pub fn pending_changes(&self) -> usize {
-        self.state.changes.len()
+        // A write in flight has changes too: they are taken once it is done.
+        let in_flight = self
+            .in_flight
+            .as_ref()
+            .map_or(0, |f| f.prepared.recorded.len());
+        self.state.changes.len() + in_flight
     }
 
     /// The checkpoint: the changelog offset a restore continues from (every changelog record
@@ -805,7 +1049,7 @@ impl PartitionStore {
     ///
     /// Errors: [`Error::Write`].
     pub fn changelog_synced(&mut self, next: i64) -> Result<(), Error> {
-        debug_assert!(self.state.changes.is_empty());
+        debug_assert!(self.pending_changes() == 0);
         let mut w = changelog::Writes::new(&self.db, None);
         w.put_local(changelog::META_CHANGELOG_NEXT, &next.to_be_bytes());
         w.put_local(changelog::META_CHANGELOG_DIRTY, &0u64.to_be_bytes());

@@ -89,6 +89,10 @@ struct State {
     dead_letters: Vec<DeadLetter>,
     sink: SinkMode,
     tee: Option<std::fs::File>,
+    /// Acknowledged ready records not kept in `output` ([`MemoryBroker::tee_output_only`]).
+    output_dropped: usize,
+    /// `output` keeps every acknowledged ready record (off: only counted).
+    keep_output: bool,
     /// Changelog partitions (`None`: the sink has no changelog).
     changelog: Option<HashMap<i32, Vec<Change>>>,
 }
@@ -141,6 +145,8 @@ impl MemoryBroker {
                     dead_letters: Vec::new(),
                     sink: SinkMode::Available,
                     tee: None,
+                    output_dropped: 0,
+                    keep_output: true,
                     changelog: None,
                 }),
             }),
@@ -241,10 +247,13 @@ impl MemoryBroker {
                 load.skipped += 1;
                 continue;
             };
-            let ts = line
-                .ts
-                .and_then(|raw| serde_json::from_str::<serde_json::Value>(raw.get()).ok())
-                .and_then(|v| codec::parse_timestamp(&v).ok());
+            // Epoch ms (the usual case) without building a JSON value.
+            let ts = line.ts.and_then(|raw| match raw.get().parse::<i64>() {
+                Ok(ms) => Some(ms),
+                Err(_) => serde_json::from_str::<serde_json::Value>(raw.get())
+                    .ok()
+                    .and_then(|v| codec::parse_timestamp(&v).ok()),
+            });
             let Some(ts) = ts else {
                 load.skipped += 1;
                 continue;
@@ -401,7 +410,8 @@ impl MemoryBroker {
 
     /// Number of acknowledged ready records.
     pub fn output_len(&self) -> usize {
-        lock(&self.shared.state).output.len()
+        let st = lock(&self.shared.state);
+        st.output.len() + st.output_dropped
     }
 
     /// Every acknowledged tier change (SEMANTICS §5), in acknowledgement order: records built
@@ -426,6 +436,18 @@ impl MemoryBroker {
             .append(true)
             .open(path)?;
         lock(&self.shared.state).tee = Some(file);
+        Ok(())
+    }
+
+    /// [`MemoryBroker::tee_output`], and the records are no longer kept in memory
+    /// ([`MemoryBroker::output`] stays empty; [`MemoryBroker::output_len`] still counts
+    /// them): `settle run-file`, whose output is the file, would otherwise hold every
+    /// ready record of a long trace in memory.
+    ///
+    /// Errors: the file cannot be opened.
+    pub fn tee_output_only(&self, path: &Path) -> std::io::Result<()> {
+        self.tee_output(path)?;
+        lock(&self.shared.state).keep_output = false;
         Ok(())
     }
 
@@ -675,7 +697,11 @@ impl Sink for MemorySink {
                     reason: format!("cannot write the output file: {e}"),
                 })?;
             }
-            st.output.push(message);
+            if st.keep_output {
+                st.output.push(message);
+            } else {
+                st.output_dropped += 1;
+            }
         }
         if !ack {
             std::future::pending::<()>().await;

@@ -35,6 +35,7 @@ mod runtime_timers;
 mod store_batch;
 mod store_changelog;
 mod store_recovery;
+mod store_writer;
 mod tiers_config;
 mod tiers_router;
 mod tiers_share;
