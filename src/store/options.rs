@@ -144,19 +144,7 @@ fn cf_options(name: &str, options: &StoreOptions, budget: &MemoryBudget) -> Opti
     table.set_cache_index_and_filter_blocks(true);
     table.set_pin_l0_filter_and_index_blocks_in_cache(true);
     let mut o = Options::default();
-    // The first two levels uncompressed: they are rewritten by most flushes and
-    // compactions of a busy partition, where LZ4 cost CPU on the write path for little
-    // space; the levels below hold the long-lived data.
     o.set_compression_type(DBCompressionType::Lz4);
-    o.set_compression_per_level(&[
-        DBCompressionType::None,
-        DBCompressionType::None,
-        DBCompressionType::Lz4,
-        DBCompressionType::Lz4,
-        DBCompressionType::Lz4,
-        DBCompressionType::Lz4,
-        DBCompressionType::Lz4,
-    ]);
     o.set_max_write_buffer_number(2);
     match name {
         CF_SESSIONS => {
