@@ -30,7 +30,7 @@ pub mod policy;
 pub mod types;
 
 pub use learn::{LearnSummary, TenantAges, TenantStats, MAX_LEARNED_TENANTS};
-pub use partition::{Driver, MemTable, SessionTable};
+pub use partition::{Driver, DriverStats, MemTable, SessionTable};
 pub use policy::{PolicySpec, PolicyTable, DEFAULT_STATE_TTL_MS};
 pub use types::{
     CallTrack, Emission, Millis, Part, PolicyName, Round, SessionKey, SessionState, Trigger, Upload,
@@ -219,7 +219,7 @@ impl Engine {
                     if round.uploads > 0 {
                         round.parts.clear();
                     }
-                    s.round = Some(Round {
+                    s.round = Some(Box::new(Round {
                         start: m,
                         max_wait_at: Some(m + max_wait),
                         uploads: 0,
@@ -227,8 +227,8 @@ impl Engine {
                         last_upload_at: None,
                         last_event_id: None,
                         attributes: None,
-                        ..round
-                    });
+                        ..*round
+                    }));
                 }
                 _ => {
                     // Debounce deadline: trailing if the round has uploads, else it ends silently.
@@ -279,17 +279,19 @@ fn apply_on_time(
     s.last_upload_at = s.last_upload_at.max(at);
     s.last_applied_event_id.clone_from(&upload.event_id);
     let opening = s.round.is_none();
-    let round = s.round.get_or_insert_with(|| Round {
-        start: at,
-        deadline: at + delay,
-        max_wait_at: spec.max_wait.map(|w| at + w),
-        delay,
-        uploads: 0,
-        first_upload_at: None,
-        last_upload_at: None,
-        last_event_id: None,
-        attributes: None,
-        parts: Vec::new(),
+    let round = s.round.get_or_insert_with(|| {
+        Box::new(Round {
+            start: at,
+            deadline: at + delay,
+            max_wait_at: spec.max_wait.map(|w| at + w),
+            delay,
+            uploads: 0,
+            first_upload_at: None,
+            last_upload_at: None,
+            last_event_id: None,
+            attributes: None,
+            parts: Vec::new(),
+        })
     });
     round.uploads += 1;
     round.first_upload_at.get_or_insert(at);
@@ -330,14 +332,14 @@ fn apply_on_time(
     if trigger == Trigger::Leading {
         // SEMANTICS §4 v2: the round stays open after its leading emission; it ends with a
         // trailing emission only if another upload arrives before the deadline.
-        s.round = Some(Round {
+        s.round = Some(Box::new(Round {
             uploads: 0,
             first_upload_at: None,
             last_upload_at: None,
             last_event_id: None,
             attributes: None,
-            ..round
-        });
+            ..*round
+        }));
     }
     interval
 }

@@ -14,7 +14,7 @@
 //! records the interval the upload observed (`engine::learn`).
 
 use super::learn::{TenantAges, TenantStats, MAX_LEARNED_TENANTS};
-use super::types::{Emission, Millis, Round, SessionKey, SessionState, Upload};
+use super::types::{Emission, Millis, SessionKey, SessionState, Upload};
 use super::{Applied, Engine, Step};
 use rustc_hash::FxHashMap;
 use std::collections::btree_map::{BTreeMap, Entry};
@@ -55,6 +55,23 @@ pub trait SessionTable {
     /// [`MAX_LEARNED_TENANTS`] tenants, it first forgets the tenant with the smallest
     /// `last_seen` (ties: the smallest name), so the table never holds more.
     fn put_tenant_stats(&mut self, tenant: &str, stats: &TenantStats) -> Result<(), Self::Error>;
+    /// Forgets `key`'s state without reading it, when the table knows (without a read)
+    /// that the state has no round open, and `expired` says its `last_upload_at` (ms) is
+    /// past `state-ttl` at the timer `(due, key)` now firing — the state expiry
+    /// ([`Engine::on_time`] on a state without a round deletes it exactly then). The timer
+    /// stays: the caller cancels it. Returns whether it forgot the state; `false` (the
+    /// default, and whenever the table would have to read the state) leaves the caller to
+    /// read and decide as usual. What the store does for its evicted sessions: a replayed
+    /// backlog's end expires them by the hundred thousand (SEMANTICS §4 state-ttl).
+    fn expire_unread(
+        &mut self,
+        due: Millis,
+        key: &SessionKey,
+        expired: impl FnOnce(Millis) -> bool,
+    ) -> Result<bool, Self::Error> {
+        let _ = (due, key, expired);
+        Ok(false)
+    }
 }
 
 /// Counters of what a driver did, for summaries and metrics.
@@ -156,6 +173,20 @@ impl Driver {
         key: &SessionKey,
         out: &mut Vec<Emission>,
     ) -> Result<bool, T::Error> {
+        let ttl = self.engine.spec_for(key).state_ttl;
+        if table.expire_unread(due, key, |last_upload_at| {
+            last_upload_at.saturating_add(ttl) <= due
+        })? {
+            // What `on_time` does to a state without a round at its expiry, without the read.
+            let step = Step {
+                applied: Applied::OnTime,
+                due_before: Some(due),
+                due_after: None,
+                interval: None,
+            };
+            self.record(table, key, step, 0)?;
+            return Ok(true);
+        }
         let before = out.len();
         // Fire the key only up to this timer's due time (a later round is a timer of its
         // own), so keys interleave in due order under `advance`.
@@ -327,7 +358,7 @@ impl MemTable {
     pub fn last_round_due(&self) -> Option<Millis> {
         self.sessions
             .states()
-            .filter_map(|s| s.round.as_ref().map(Round::due))
+            .filter_map(|s| s.round.as_ref().map(|r| r.due()))
             .max()
     }
 

@@ -124,6 +124,31 @@ impl CatchUpQueue {
         self.reload = false;
     }
 
+    /// The keys of about the next `n` timers [`CatchUpQueue::next`] will pick, in turn order
+    /// (the lanes' timers interleaved, front first; timers no longer set are included):
+    /// what a step prefetches from the store before firing them ([`crate::store::Batch::prefetch`]).
+    pub fn upcoming(&self, n: usize) -> Vec<&SessionKey> {
+        let mut keys = Vec::with_capacity(n.min(self.queued));
+        let mut depth = 0;
+        while keys.len() < n {
+            let mut any = false;
+            for lane in &self.ring {
+                if let Some((_, key)) = lane.timers.get(depth) {
+                    any = true;
+                    keys.push(key);
+                    if keys.len() == n {
+                        break;
+                    }
+                }
+            }
+            if !any {
+                break;
+            }
+            depth += 1;
+        }
+        keys
+    }
+
     /// The next overdue timer to fire at partition time `target` (ms): the front timer of
     /// the first tenant in turn whose front timer has `due <= target` and still exists in
     /// `table`; that tenant goes to the back of the ring. Entries whose timer is gone are

@@ -97,6 +97,11 @@ pub const COMMIT_INTERVAL: Duration = Duration::from_millis(500);
 /// publishing at one window per tick (2 560 emissions/s with the defaults).
 pub const FEED_WAIT: Duration = Duration::from_millis(1);
 
+/// Capacity of the queue of owed emissions handed to the publisher, in publish windows: the
+/// publisher still has at most one window in flight; the queue lets one loop turn hand it
+/// many windows' worth (entries in it are still owed: a stop leaves them in the outbox).
+pub const FEED_QUEUE_WINDOWS: usize = 16;
+
 /// Most changelog appends (one per store write) waiting for their acknowledgement before
 /// the task stops taking input and waits for the changelog to catch up (backpressure while
 /// the changelog's broker is slow or down).
@@ -229,7 +234,11 @@ pub async fn run<I: PartitionInput, K: Sink, C: Clock>(
         return PartitionExit::Failed(fatal(e));
     }
     let partition = input.partition();
-    let (entries_tx, entries_rx) = mpsc::channel(ctx.settings.publish.window.max(1));
+    // Room for many windows: the task refills the queue once per loop turn (at most every
+    // FEED_WAIT while it has nothing else to do), so a queue of one window capped a
+    // draining outbox at one window per millisecond.
+    let (entries_tx, entries_rx) =
+        mpsc::channel(ctx.settings.publish.window.max(1) * FEED_QUEUE_WINDOWS);
     let (acks_tx, acks_rx) = mpsc::unbounded_channel();
     let publish_metrics = ctx
         .metrics
@@ -793,6 +802,7 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
             overdue_before: wall.saturating_sub(grace),
             budget: &mut budget,
             fired: &mut fired,
+            prefetched: false,
         };
         while let Some(front) = self.held.front() {
             if let Some(upload) = &front.upload {
@@ -1189,6 +1199,9 @@ struct FireCtx<'a> {
     /// Timer fires left in this step.
     budget: &'a mut usize,
     fired: &'a mut usize,
+    /// The queue's next timers of this step were read from the store in one multi-get
+    /// ([`Batch::prefetch`]).
+    prefetched: bool,
 }
 
 impl FireCtx<'_> {
@@ -1245,6 +1258,13 @@ impl FireCtx<'_> {
             }
             self.queue
                 .load(batch.overdue_timers(before, catch_up::PER_TENANT)?);
+            self.prefetched = false;
+        }
+        if !self.prefetched {
+            // The keys this step will fire, read in one sorted multi-get rather than one
+            // point read each (evicted sessions: a replayed backlog's state expiries).
+            self.prefetched = true;
+            batch.prefetch(self.queue.upcoming(*self.budget))?;
         }
         while let Some((due, key)) = self.queue.next(batch, target)? {
             if self.driver.fire_timer(batch, due, &key, out)? {

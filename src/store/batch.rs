@@ -9,6 +9,14 @@
 //! (it fired), scans on from there; firing n timers in a batch costs n steps. Timers set by
 //! the batch are kept in an ordered set and compared with the head.
 //!
+//! **In place** (write-behind mode, the runtime's): a batch changes the store's memory as it
+//! goes, with no overlay — reads and writes go straight to the cached entries (read from
+//! RocksDB into the cache on a miss), the timer index, the outbox and the counters; `commit`
+//! only marks it done. Nothing reaches RocksDB before the next flush either way. A batch
+//! dropped without commit (an error mid-batch) leaves memory ahead of what it applied, so
+//! the store refuses to flush until it is reopened (`StoreState::stale`): the runtime treats
+//! such an error as fatal for the partition, and the next owner re-reads that input.
+//!
 //! A key has at most one timer (the engine's one-timer-per-key rule; the store keeps it so:
 //! setting a key's timer replaces the previous one). Timers belong to keys with state: a
 //! timer of a key without state is kept in memory and not stored.
@@ -72,6 +80,10 @@ enum Head {
 pub struct Batch<'s> {
     db: &'s DB,
     state: &'s mut StoreState,
+    /// Changes go straight to the store's memory (write-behind mode; module docs).
+    in_place: bool,
+    /// Owed emissions pushed in place by this batch.
+    pushed: usize,
     slots: FxHashMap<SessionKey, Slot>,
     /// Timers set by the batch, in firing order; disjoint from `timer_dels`.
     timer_puts: BTreeSet<(Millis, SessionKey)>,
@@ -90,7 +102,9 @@ impl<'s> Batch<'s> {
     pub(super) fn new(db: &'s DB, state: &'s mut StoreState) -> Self {
         Batch {
             db,
+            in_place: state.write_behind,
             state,
+            pushed: 0,
             slots: FxHashMap::default(),
             timer_puts: BTreeSet::new(),
             timer_dels: FxHashSet::default(),
@@ -106,6 +120,15 @@ impl<'s> Batch<'s> {
     /// have once committed (the number `outbox_ack` takes). Errors: none today (kept for
     /// the encoding a durable write may need).
     pub fn push_outbox(&mut self, emission: &Emission) -> Result<u64, Error> {
+        if self.in_place {
+            self.state.stale = true;
+            let mem = &mut self.state.mem;
+            let seq = mem.current.next_seq;
+            mem.outbox.insert(seq, emission.clone());
+            mem.current.next_seq += 1;
+            self.pushed += 1;
+            return Ok(seq);
+        }
         let seq = self.state.mem.current.next_seq + self.outbox.len() as u64;
         self.outbox.push(emission.clone());
         Ok(seq)
@@ -115,17 +138,31 @@ impl<'s> Batch<'s> {
     /// as given and read back by `PartitionStore::stored_offset` once flushed; the runtime
     /// chooses the convention (the next offset to consume is the usual one).
     pub fn set_offset(&mut self, offset: i64) {
+        if self.in_place {
+            self.state.stale = true;
+            let c = &mut self.state.mem.current;
+            c.offset = Some(offset);
+            c.position_dirty = true;
+            return;
+        }
         self.offset = Some(offset);
     }
 
     /// Records the partition time (ms, SEMANTICS §3) reached by this batch.
     pub fn set_partition_time(&mut self, now: Millis) {
+        if self.in_place {
+            self.state.stale = true;
+            let c = &mut self.state.mem.current;
+            c.partition_time = Some(now);
+            c.position_dirty = true;
+            return;
+        }
         self.partition_time = Some(now);
     }
 
     /// Owed emissions pushed so far in this batch.
     pub fn outbox_pushed(&self) -> usize {
-        self.outbox.len()
+        self.outbox.len() + self.pushed
     }
 
     /// The timers with `due < before` (ms) as of the batch's writes (the store's index
@@ -139,6 +176,9 @@ impl<'s> Batch<'s> {
         before: Millis,
         per_tenant: usize,
     ) -> Result<Vec<TenantTimers>, Error> {
+        if self.in_place {
+            return Ok(self.state.mem.overdue_timers(before, per_tenant));
+        }
         let committed = self
             .state
             .mem
@@ -167,6 +207,17 @@ impl<'s> Batch<'s> {
         n: usize,
     ) -> bool {
         let from = (Bound::Included(first), Bound::Unbounded);
+        if self.in_place {
+            return self
+                .state
+                .mem
+                .timers
+                .range::<(Millis, SessionKey), _>(from)
+                .take_while(|(due, _)| *due < before)
+                .take(n)
+                .count()
+                >= n;
+        }
         let committed = self
             .state
             .mem
@@ -194,6 +245,11 @@ impl<'s> Batch<'s> {
     /// memory is reloaded from RocksDB: it is as before the batch. The runtime treats the
     /// error as fatal for the partition.
     pub fn commit(self) -> Result<(), Error> {
+        if self.in_place {
+            // Everything is in memory already; the next flush writes it.
+            self.state.stale = false;
+            return Ok(());
+        }
         let Batch {
             db,
             state,
@@ -264,6 +320,111 @@ impl<'s> Batch<'s> {
             Ok(())
         } else {
             super::flush_state(db, state).map(|_| ())
+        }
+    }
+
+    /// Reads the stored state of those of `keys` that neither the batch nor the cache holds,
+    /// in ONE sorted RocksDB multi-get, so the driver's next reads of them are memory
+    /// lookups: called with the keys of the timers about to fire in a catch-up (a replayed
+    /// backlog's state expiries are mostly of evicted sessions, and one point read each cost
+    /// ~15 % of the shared benchmark). At most `MAX_PREFETCH` keys per call (the rest are
+    /// read one by one, as without it). Returns how many keys were read.
+    ///
+    /// Errors: [`Error::Read`] (RocksDB refused a read) or [`Error::Decode`] (a stored value
+    /// is corrupt); nothing is added to the batch then.
+    pub fn prefetch<'k>(
+        &mut self,
+        keys: impl IntoIterator<Item = &'k SessionKey>,
+    ) -> Result<usize, Error> {
+        const MAX_PREFETCH: usize = 4096;
+        if self.state.mem.complete {
+            // Nothing with state was evicted: a key the cache lacks has no state.
+            return Ok(0);
+        }
+        let mem = &self.state.mem;
+        let mut missing: Vec<&'k SessionKey> = keys
+            .into_iter()
+            .filter(|k| {
+                !self.slots.contains_key(*k)
+                    && !mem.entries.contains_key(*k)
+                    && !mem.idle_evicted.contains_key(*k)
+            })
+            .take(MAX_PREFETCH)
+            .collect();
+        if missing.is_empty() {
+            return Ok(0);
+        }
+        missing.sort_unstable_by(|a, b| a.as_str().cmp(b.as_str()));
+        missing.dedup();
+        let values = self.db.batched_multi_get_cf(
+            cf(self.db, CF_SESSIONS),
+            missing.iter().map(|k| k.as_str().as_bytes()),
+            true,
+        );
+        let mut slots = Vec::with_capacity(missing.len());
+        let in_place = self.in_place;
+        for (key, value) in missing.iter().zip(values) {
+            let value = value.map_err(|source| Error::Read {
+                cf: CF_SESSIONS,
+                source,
+            })?;
+            let (current, due) = match value {
+                Some(v) => {
+                    let (due, state) = keys::decode_session(key.as_str().as_bytes(), &v)?;
+                    (Some(state), due)
+                }
+                None => (None, None),
+            };
+            if in_place {
+                self.state.mem.insert_clean(key, current, due);
+                continue;
+            }
+            slots.push((
+                (*key).clone(),
+                Slot {
+                    base: current.as_ref().map(|s| s.round.is_some()),
+                    current,
+                    due,
+                    dirty: false,
+                    from_disk: true,
+                },
+            ));
+        }
+        self.slots.extend(slots);
+        Ok(missing.len())
+    }
+
+    /// In place: changes `key`'s cached entry with `f` ([`super::mem::Mem::change`]), first
+    /// caching it from RocksDB on a miss (a key without state gets an entry without state).
+    fn change<R>(
+        &mut self,
+        key: &SessionKey,
+        f: impl FnOnce(&mut Option<SessionState>, &mut Option<Millis>) -> (R, bool),
+    ) -> Result<R, Error> {
+        let stale = &mut self.state.stale;
+        let f = |s: &mut Option<SessionState>, d: &mut Option<Millis>| {
+            let (r, changed) = f(s, d);
+            // Cleared by `commit`: a batch dropped half-applied leaves it set.
+            *stale |= changed;
+            (r, changed)
+        };
+        let f = match self.state.mem.change(key, f) {
+            Ok(r) => return Ok(r),
+            Err(f) => f,
+        };
+        let mem = &mut self.state.mem;
+        let (state, due) = if mem.complete {
+            (None, None)
+        } else {
+            match read_session(self.db, key)? {
+                Some((due, state)) => (Some(state), due),
+                None => (None, None),
+            }
+        };
+        mem.insert_clean(key, state, due);
+        match mem.change(key, f) {
+            Ok(r) => Ok(r),
+            Err(_) => unreachable!("the key was cached just above"),
         }
     }
 
@@ -387,10 +548,22 @@ impl SessionTable for Batch<'_> {
     type Error = Error;
 
     fn get(&mut self, key: &SessionKey) -> Result<Option<SessionState>, Error> {
+        if self.in_place {
+            return self.change(key, |s, _| (s.clone(), false));
+        }
         Ok(self.slot(key)?.current.clone())
     }
 
     fn put(&mut self, key: &SessionKey, state: &SessionState) -> Result<(), Error> {
+        if self.in_place {
+            return self.change(key, |s, _| {
+                match s {
+                    Some(s) => s.clone_from(state),
+                    None => *s = Some(state.clone()),
+                }
+                ((), true)
+            });
+        }
         let slot = self.slot(key)?;
         match &mut slot.current {
             Some(s) => s.clone_from(state),
@@ -401,6 +574,12 @@ impl SessionTable for Batch<'_> {
     }
 
     fn delete(&mut self, key: &SessionKey) -> Result<(), Error> {
+        if self.in_place {
+            return self.change(key, |s, _| {
+                *s = None;
+                ((), true)
+            });
+        }
         let slot = self.slot(key)?;
         slot.current = None;
         slot.dirty = true;
@@ -412,6 +591,9 @@ impl SessionTable for Batch<'_> {
         key: &SessionKey,
         f: impl FnOnce(&mut Option<SessionState>) -> (R, bool),
     ) -> Result<R, Error> {
+        if self.in_place {
+            return self.change(key, |s, _| f(s));
+        }
         let slot = self.slot(key)?;
         let (r, changed) = f(&mut slot.current);
         slot.dirty |= changed;
@@ -419,6 +601,18 @@ impl SessionTable for Batch<'_> {
     }
 
     fn set_timer(&mut self, due: Millis, key: &SessionKey) -> Result<(), Error> {
+        if self.in_place {
+            let old = self.change(key, |_, d| (d.replace(due), true))?;
+            if old == Some(due) {
+                return Ok(());
+            }
+            let timers = &mut self.state.mem.timers;
+            if let Some(old) = old {
+                timers.remove(&(old, key.clone()));
+            }
+            timers.insert((due, key.clone()));
+            return Ok(());
+        }
         let slot = self.slot(key)?;
         let old = slot.due.replace(due);
         slot.dirty = true;
@@ -435,6 +629,19 @@ impl SessionTable for Batch<'_> {
     }
 
     fn cancel_timer(&mut self, due: Millis, key: &SessionKey) -> Result<(), Error> {
+        if self.in_place {
+            self.change(key, |_, d| {
+                if *d == Some(due) {
+                    *d = None;
+                    ((), true)
+                } else {
+                    ((), false)
+                }
+            })?;
+            self.state.stale = true;
+            self.state.mem.timers.remove(&(due, key.clone()));
+            return Ok(());
+        }
         let slot = self.slot(key)?;
         if slot.due == Some(due) {
             slot.due = None;
@@ -445,10 +652,40 @@ impl SessionTable for Batch<'_> {
     }
 
     fn tenant_stats(&mut self, tenant: &str) -> Result<Option<TenantStats>, Error> {
+        if self.in_place {
+            return Ok(self.state.mem.tenants.get(tenant).cloned());
+        }
         Ok(self.tenant_slot(tenant).current.clone())
     }
 
     fn put_tenant_stats(&mut self, tenant: &str, stats: &TenantStats) -> Result<(), Error> {
+        if self.in_place {
+            self.state.stale = true;
+            let mem = &mut self.state.mem;
+            if !mem.tenants.contains_key(tenant) && mem.tenants.len() >= MAX_LEARNED_TENANTS {
+                let victim: Option<Box<str>> = mem
+                    .ages
+                    .oldest_first()
+                    .find(|(_, name)| *name != tenant)
+                    .map(|(_, name)| name.into());
+                if let Some(victim) = victim {
+                    mem.ages.remove(&victim);
+                    mem.tenants.remove(&victim);
+                    mem.dirty_tenants.insert(victim);
+                }
+            }
+            mem.ages.touch(tenant, stats.last_seen);
+            match mem.tenants.get_mut(tenant) {
+                Some(s) => s.clone_from(stats),
+                None => {
+                    mem.tenants.insert(tenant.into(), stats.clone());
+                }
+            }
+            if !mem.dirty_tenants.contains(tenant) {
+                mem.dirty_tenants.insert(tenant.into());
+            }
+            return Ok(());
+        }
         let is_new = self.tenant_slot(tenant).current.is_none();
         if is_new && self.tenant_count() >= MAX_LEARNED_TENANTS {
             if let Some(victim) = self.stalest_tenant(tenant) {
@@ -466,13 +703,67 @@ impl SessionTable for Batch<'_> {
         Ok(())
     }
 
+    fn expire_unread(
+        &mut self,
+        due: Millis,
+        key: &SessionKey,
+        expired: impl FnOnce(Millis) -> bool,
+    ) -> Result<bool, Error> {
+        if self.in_place {
+            let mem = &mut self.state.mem;
+            let Some(&last_upload_at) = mem.idle_evicted.get(key) else {
+                return Ok(false);
+            };
+            if mem.entries.contains_key(key) || !expired(last_upload_at) {
+                return Ok(false);
+            }
+            // The stored state (no round open) is gone; the timer stays until the caller
+            // cancels it.
+            self.state.stale = true;
+            let mem = &mut self.state.mem;
+            mem.set(key, None, Some(due));
+            mem.current.sessions = mem.current.sessions.saturating_sub(1);
+            return Ok(true);
+        }
+        let mem = &self.state.mem;
+        if mem.idle_evicted.is_empty() || self.slots.contains_key(key) {
+            return Ok(false);
+        }
+        let Some(&last_upload_at) = mem.idle_evicted.get(key) else {
+            return Ok(false);
+        };
+        if mem.entries.contains_key(key) || !expired(last_upload_at) {
+            return Ok(false);
+        }
+        // As `delete` after a read would leave it: the stored state (no round open) is gone,
+        // the key's timer is still `due` until the caller cancels it.
+        self.slots.insert(
+            key.clone(),
+            Slot {
+                base: Some(false),
+                current: None,
+                due: Some(due),
+                dirty: true,
+                from_disk: false,
+            },
+        );
+        Ok(true)
+    }
+
     fn has_timer(&mut self, due: Millis, key: &SessionKey) -> Result<bool, Error> {
         let t = (due, key.clone());
+        if self.in_place {
+            return Ok(self.state.mem.timers.contains(&t));
+        }
         Ok(self.timer_puts.contains(&t)
             || (!self.timer_dels.contains(&t) && self.state.mem.timers.contains(&t)))
     }
 
     fn first_due(&mut self, now: Millis) -> Result<Option<(Millis, SessionKey)>, Error> {
+        if self.in_place {
+            let first = self.state.mem.timers.first();
+            return Ok(first.filter(|(due, _)| *due <= now).cloned());
+        }
         self.index_head();
         let head = match &self.head {
             Head::At(t) => Some(t),

@@ -170,6 +170,26 @@ impl<'a> Writes<'a> {
         }
     }
 
+    /// Deletes the keys in `[from, to)` of column family `cf` with ONE range tombstone, and
+    /// records a delete of each of `keys` (the keys of that range that exist): changelog
+    /// readers apply deletes one by one. Used for the outbox prefix every acknowledged entry
+    /// left, one memtable insert per flush instead of one per emission.
+    pub(crate) fn delete_range<K: AsRef<[u8]>>(
+        &mut self,
+        cf: &str,
+        from: &[u8],
+        to: &[u8],
+        keys: impl Iterator<Item = K>,
+    ) {
+        self.wb.delete_range_cf(super::cf(self.db, cf), from, to);
+        if let Some(c) = self.changes.as_deref_mut() {
+            c.extend(keys.map(|k| Change {
+                key: changelog_key(cf, k.as_ref()),
+                value: None,
+            }));
+        }
+    }
+
     /// Puts a local-only `meta` value (never recorded).
     pub(crate) fn put_local(&mut self, key: &[u8], value: &[u8]) {
         debug_assert!(is_local_meta(key));

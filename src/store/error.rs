@@ -57,4 +57,9 @@ pub enum Error {
     /// A commit refused by the fault injection of `PartitionStore::fail_next_commits`.
     #[error("partition store write failed: injected fault")]
     InjectedFault,
+    /// A write-behind batch changed the store's memory and was dropped without commit (an
+    /// error in the middle of a batch): memory may hold half of it, so the store writes
+    /// nothing more. Reopen the store (its last flush is its durable state).
+    #[error("partition store refuses to write: a batch was dropped half-applied (reopen the store; its last flush is what is durable)")]
+    Stale,
 }

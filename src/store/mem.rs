@@ -8,6 +8,10 @@
 //!   recently used when the process's session-cache budget ([`CacheBudget`]) is exceeded, and
 //!   read back from RocksDB on a miss. While nothing with state was evicted since the store
 //!   opened (`complete`), a miss needs no RocksDB read at all: the key has no state.
+//! * **Idle evicted sessions**: for each evicted key whose state had no round open, its
+//!   `last_upload_at` (`idle_evicted`, ~30 bytes a key): its timer is its state expiry, which
+//!   then needs no read of the state ([`crate::engine::SessionTable::expire_unread`]). A key
+//!   is in it only while it is not cached.
 //! * **Timers**: the whole index `(due, key)` in firing order, for every stored key (evicted
 //!   or not): a few dozen bytes per key. Rebuilt at open from one scan of `sessions` (each
 //!   value starts with its key's timer).
@@ -125,6 +129,9 @@ pub(crate) struct Mem {
     /// Every key with stored state has an entry (nothing with state was evicted).
     pub(crate) complete: bool,
     pub(crate) timers: BTreeSet<(Millis, SessionKey)>,
+    /// Evicted keys whose state has no round open, with the state's `last_upload_at` (ms);
+    /// disjoint from `entries` (module docs).
+    pub(crate) idle_evicted: FxHashMap<SessionKey, Millis>,
     /// Owed emissions by sequence number.
     pub(crate) outbox: BTreeMap<u64, Emission>,
     /// Outbox entries below this sequence number are in RocksDB.
@@ -135,6 +142,9 @@ pub(crate) struct Mem {
     pub(crate) written_seq: u64,
     /// Acknowledged sequence numbers below `written_seq`: deletes owed to RocksDB.
     pub(crate) acked: Vec<u64>,
+    /// Outbox entries below this sequence number are deleted in RocksDB (or by the write in
+    /// flight): the head the last flush left (`meta` `outbox_head`).
+    pub(crate) deleted_below: u64,
     pub(crate) tenants: FxHashMap<Box<str>, TenantStats>,
     /// Tenants changed (or evicted) since the last flush.
     pub(crate) dirty_tenants: FxHashSet<Box<str>>,
@@ -155,10 +165,12 @@ impl Mem {
             dirty: Vec::new(),
             complete: true,
             timers: BTreeSet::new(),
+            idle_evicted: FxHashMap::default(),
             outbox: BTreeMap::new(),
             durable_seq: 0,
             written_seq: 0,
             acked: Vec::new(),
+            deleted_below: 0,
             tenants: FxHashMap::default(),
             dirty_tenants: FxHashSet::default(),
             ages: TenantAges::new(),
@@ -205,6 +217,9 @@ impl Mem {
         if self.entries.contains_key(key) {
             return;
         }
+        if !self.idle_evicted.is_empty() {
+            self.idle_evicted.remove(key);
+        }
         self.tick += 1;
         let bytes = entry_bytes(key, state.as_ref());
         self.charge(bytes, 0);
@@ -244,6 +259,9 @@ impl Mem {
                 old
             }
             None => {
+                if !self.idle_evicted.is_empty() {
+                    self.idle_evicted.remove(key);
+                }
                 self.dirty.push(key.clone());
                 self.entries.insert(
                     key.clone(),
@@ -261,20 +279,56 @@ impl Mem {
         self.charge(bytes, old);
     }
 
+    /// Changes `key`'s cached entry in place (a write-behind batch, `store::batch`): `f` gets
+    /// its state and timer and says whether it changed them; if so the entry becomes dirty
+    /// and is charged anew, and the session / open-round counters follow the change.
+    /// `Err(f)` (not called) when `key` is not cached.
+    pub(crate) fn change<R, F>(&mut self, key: &SessionKey, f: F) -> Result<R, F>
+    where
+        F: FnOnce(&mut Option<SessionState>, &mut Option<Millis>) -> (R, bool),
+    {
+        self.tick += 1;
+        let tick = self.tick;
+        let Some(e) = self.entries.get_mut(key) else {
+            return Err(f);
+        };
+        e.tick = tick;
+        let before = (
+            e.state.is_some(),
+            e.state.as_ref().is_some_and(|s| s.round.is_some()),
+        );
+        let (r, changed) = f(&mut e.state, &mut e.due);
+        if !changed {
+            return Ok(r);
+        }
+        if !e.dirty {
+            e.dirty = true;
+            self.dirty.push(key.clone());
+        }
+        let after = (
+            e.state.is_some(),
+            e.state.as_ref().is_some_and(|s| s.round.is_some()),
+        );
+        let (old, new) = (e.bytes, entry_bytes(key, e.state.as_ref()));
+        e.bytes = new;
+        let c = &mut self.current;
+        c.sessions = (c.sessions + u64::from(after.0)).saturating_sub(u64::from(before.0));
+        c.open_rounds = (c.open_rounds + u64::from(after.1)).saturating_sub(u64::from(before.1));
+        self.charge(new, old);
+        Ok(r)
+    }
+
     fn charge(&mut self, add: usize, sub: usize) {
         self.charged = self.charged + add - sub.min(self.charged + add);
         self.budget.charge(add, sub);
     }
 
-    /// After a flush took every dirty entry into its RocksDB write: they are clean (but not
-    /// evictable before that write is done: [`Mem::evict`] runs only then). The outbox
-    /// entries it holds become durable with [`Mem::durable`].
+    /// After a flush took every dirty entry into its RocksDB write (clearing their flags):
+    /// they are clean (but not evictable before that write is done: [`Mem::evict`] runs
+    /// only then). The outbox entries it holds become durable with [`Mem::durable`].
     pub(crate) fn sealed(&mut self) {
-        for key in std::mem::take(&mut self.dirty) {
-            if let Some(e) = self.entries.get_mut(&key) {
-                e.dirty = false;
-            }
-        }
+        // `store::prepare` cleared the entries' dirty flags as it took them.
+        self.dirty.clear();
         self.acked.clear();
         self.dirty_tenants.clear();
         self.written_seq = self.current.next_seq;
@@ -318,8 +372,11 @@ impl Mem {
                 break;
             }
             if let Some(e) = self.entries.remove(&key) {
-                if e.state.is_some() {
+                if let Some(s) = &e.state {
                     self.complete = false;
+                    if s.round.is_none() && e.due.is_some() {
+                        self.idle_evicted.insert(key, s.last_upload_at);
+                    }
                 }
                 self.charge(0, e.bytes);
             }

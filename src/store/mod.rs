@@ -138,6 +138,9 @@ pub(crate) struct StoreState {
     mem: Mem,
     /// Commits change memory only; [`PartitionStore::flush`] writes (module docs).
     write_behind: bool,
+    /// An in-place (write-behind) batch changed memory and was not committed: memory may
+    /// hold half a batch, so nothing more is written (`store::batch` module docs).
+    stale: bool,
     fail_commits: u32,
     /// Writes are recorded as [`Change`]s for the changelog ([`PartitionStore::record_changes`]).
     recording: bool,
@@ -159,6 +162,14 @@ pub(crate) struct Stamp {
 }
 
 impl StoreState {
+    /// Errors: [`Error::Stale`] when a write-behind batch was dropped without commit.
+    fn refuse_stale(&self) -> Result<(), Error> {
+        if self.stale {
+            return Err(Error::Stale);
+        }
+        Ok(())
+    }
+
     /// When the write is recorded: adds `meta\0writer` (this store's writer id, chosen now
     /// if it has none) and, if the store was clean, the local dirty flag.
     pub(crate) fn stamp(&self, w: &mut changelog::Writes<'_>) -> Stamp {
@@ -200,6 +211,7 @@ impl StoreState {
 /// [`PartitionStore::flush`]), on the calling thread. On error the memory is reloaded from
 /// `db`.
 pub(crate) fn flush_state(db: &DB, state: &mut StoreState) -> Result<FlushReport, Error> {
+    state.refuse_stale()?;
     if !state.mem.unflushed() {
         return Ok(FlushReport::default());
     }
@@ -255,7 +267,9 @@ impl StoreState {
 }
 
 /// Builds the ONE RocksDB write batch of a flush from what `state`'s memory holds beyond
-/// its durable `meta`. Changes nothing in `state`.
+/// its durable `meta`. Changes nothing in `state` but the dirty flags of the entries it
+/// takes (their key list is cleared by `Mem::sealed` once the batch is handed on; on an
+/// error the caller reloads memory from RocksDB).
 ///
 /// Errors: [`Error::Encode`], [`Error::InjectedFault`].
 fn prepare(db: &DB, state: &mut StoreState) -> Result<(WriteBatch, Prepared), Error> {
@@ -274,15 +288,39 @@ fn prepare(db: &DB, state: &mut StoreState) -> Result<(WriteBatch, Prepared), Er
         report.outbox_puts += 1;
     }
     mem.acked.sort_unstable();
-    for &seq in &mem.acked {
+    // Every entry below the outbox's head is acknowledged: one range tombstone deletes the
+    // ones acknowledged since the last flush (`deleted_below` is the head that flush left);
+    // entries acknowledged out of order above the head are deleted one by one.
+    let head = mem
+        .outbox
+        .keys()
+        .next()
+        .copied()
+        .unwrap_or(mem.current.next_seq);
+    let below = mem.acked.partition_point(|&seq| seq < head);
+    if below > 0 {
+        let from = mem.deleted_below.min(mem.acked[0]);
+        w.delete_range(
+            CF_OUTBOX,
+            &keys::outbox_key(from),
+            &keys::outbox_key(head),
+            mem.acked[..below].iter().map(|&seq| keys::outbox_key(seq)),
+        );
+        report.outbox_deletes += below;
+    }
+    for &seq in &mem.acked[below..] {
         w.delete(CF_OUTBOX, &keys::outbox_key(seq));
         report.outbox_deletes += 1;
     }
+    mem.deleted_below = mem.deleted_below.max(head);
     sort_keys(&mut mem.dirty);
     for key in &mem.dirty {
-        let Some(entry) = mem.entries.get(key) else {
+        // Marked clean here rather than in a second pass by `Mem::sealed` (one lookup per
+        // key): if this write fails, memory is reloaded from RocksDB anyway.
+        let Some(entry) = mem.entries.get_mut(key) else {
             continue;
         };
+        entry.dirty = false;
         match &entry.state {
             Some(s) => {
                 buf = keys::encode_session_into(entry.due, s, buf)?;
@@ -306,7 +344,6 @@ fn prepare(db: &DB, state: &mut StoreState) -> Result<(WriteBatch, Prepared), Er
     let meta = &state.meta;
     let cur = &mem.current;
     let outbox_len = mem.outbox.len() as u64;
-    let head = mem.outbox.keys().next().copied().unwrap_or(cur.next_seq);
     let mut put_u64 = |key: &[u8], old: u64, new: u64| {
         if old != new {
             w.put(CF_META, key, &new.to_be_bytes());
@@ -461,6 +498,7 @@ fn reload(db: &DB, state: &mut StoreState) -> Result<(), Error> {
     };
     mem.durable_seq = meta.next_seq;
     mem.written_seq = meta.next_seq;
+    mem.deleted_below = meta_u64(db, META_OUTBOX_HEAD)?.unwrap_or(0);
 
     let mut it = db.raw_iterator_cf(cf(db, CF_SESSIONS));
     it.seek_to_first();
@@ -655,6 +693,7 @@ impl PartitionStore {
                 meta: Meta::default(),
                 mem: Mem::new(budget.sessions.clone()),
                 write_behind: false,
+                stale: false,
                 fail_commits: 0,
                 recording: false,
                 changes: Vec::new(),
@@ -713,6 +752,7 @@ impl PartitionStore {
     /// RocksDB, as for a failed [`PartitionStore::flush`]); [`Error::Open`] when the writer
     /// thread cannot be started.
     pub fn start_flush(&mut self) -> Result<bool, Error> {
+        self.state.refuse_stale()?;
         if self.in_flight.is_some() || !self.state.mem.unflushed() {
             return Ok(false);
         }

@@ -10,8 +10,10 @@
 //!   tests move partitions with [`MemoryBroker::revoke`] / [`MemoryBroker::assign`].
 //! * **Output**: an append-only log of every acknowledged [`ReadyMessage`] (all tier topics)
 //!   and of dead letters, optionally mirrored to a JSONL file ([`MemoryBroker::tee_output`]):
-//!   each ready record is written with one `write` call before its publish resolves, so a
-//!   SIGKILLed process leaves every acknowledged record in the file. Tier changes
+//!   each ready record is written to the file before its publish resolves, so a SIGKILLed
+//!   process leaves every acknowledged record in the file. Publishes in flight together
+//!   share one `write` call ([`Tee`]): each appends its line to a buffer and yields once, and
+//!   the first to run again writes the buffer for all of them. Tier changes
 //!   (`Sink::publish_tier_change`) go to a log of their own ([`MemoryBroker::tier_events`]),
 //!   never to the output log or the file, so readers of the output see ready records only.
 //! * **Injected failures**: the sink can be made unavailable (every publish fails with a
@@ -88,13 +90,40 @@ struct State {
     tier_events: Vec<ReadyMessage>,
     dead_letters: Vec<DeadLetter>,
     sink: SinkMode,
-    tee: Option<std::fs::File>,
+    tee: Option<Tee>,
     /// Acknowledged ready records not kept in `output` ([`MemoryBroker::tee_output_only`]).
     output_dropped: usize,
     /// `output` keeps every acknowledged ready record (off: only counted).
     keep_output: bool,
     /// Changelog partitions (`None`: the sink has no changelog).
     changelog: Option<HashMap<i32, Vec<Change>>>,
+}
+
+/// The output file of [`MemoryBroker::tee_output`] with the lines of publishes in flight not
+/// yet written: publish `n` (counting from 1) resolves once `written >= n`, in the same
+/// `epoch` (a failed write drops the buffer and starts a new epoch: the publishes whose lines
+/// it held fail, and are retried by the publisher).
+#[derive(Debug)]
+struct Tee {
+    file: std::fs::File,
+    buffer: Vec<u8>,
+    appended: u64,
+    written: u64,
+    epoch: u64,
+}
+
+impl Tee {
+    /// Writes the buffered lines in one call. Errors: the write failed (the lines are
+    /// dropped, a new epoch starts).
+    fn write_out(&mut self) -> std::io::Result<()> {
+        let result = self.file.write_all(&self.buffer);
+        self.buffer.clear();
+        self.written = self.appended;
+        if result.is_err() {
+            self.epoch += 1;
+        }
+        result
+    }
 }
 
 /// Locks a mutex of the broker. Poisoning is ignored: every critical section leaves the
@@ -435,7 +464,13 @@ impl MemoryBroker {
             .create(true)
             .append(true)
             .open(path)?;
-        lock(&self.shared.state).tee = Some(file);
+        lock(&self.shared.state).tee = Some(Tee {
+            file,
+            buffer: Vec::new(),
+            appended: 0,
+            written: 0,
+            epoch: 0,
+        });
         Ok(())
     }
 
@@ -686,17 +721,35 @@ impl Sink for MemorySink {
 
     async fn publish(&self, message: ReadyMessage) -> Result<(), Error> {
         let ack = self.broker.sink_mode()?;
-        {
+        let ticket = lock(&self.broker.shared.state).tee.as_mut().map(|tee| {
+            tee.buffer.extend_from_slice(&message.payload);
+            tee.buffer.push(b'\n');
+            tee.appended += 1;
+            (tee.epoch, tee.appended)
+        });
+        if let Some((epoch, n)) = ticket {
+            // Let the other publishes in flight append their lines: one write for all.
+            tokio::task::yield_now().await;
             let mut st = lock(&self.broker.shared.state);
-            if let Some(file) = st.tee.as_mut() {
-                let mut line = Vec::with_capacity(message.payload.len() + 1);
-                line.extend_from_slice(&message.payload);
-                line.push(b'\n');
-                file.write_all(&line).map_err(|e| Error::Unavailable {
+            let tee = st.tee.as_mut().expect("the tee is never removed");
+            let failed = || Error::Unavailable {
+                transport: TRANSPORT,
+                reason:
+                    "cannot write the output file (an earlier write of this record's batch failed)"
+                        .into(),
+            };
+            if tee.epoch != epoch {
+                return Err(failed());
+            }
+            if tee.written < n {
+                tee.write_out().map_err(|e| Error::Unavailable {
                     transport: TRANSPORT,
                     reason: format!("cannot write the output file: {e}"),
                 })?;
             }
+        }
+        {
+            let mut st = lock(&self.broker.shared.state);
             if st.keep_output {
                 st.output.push(message);
             } else {
@@ -729,5 +782,60 @@ impl Sink for MemorySink {
                 reason: reason.to_owned(),
             });
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::future::join_all;
+
+    fn message(n: usize) -> ReadyMessage {
+        ReadyMessage {
+            topic: "settle.ready.normal".into(),
+            tier: "normal".into(),
+            key: format!("t/s{n}"),
+            emission_id: format!("t/s{n}/1/1"),
+            payload: format!("{{\"n\":{n}}}").into_bytes(),
+            partition: Some(0),
+        }
+    }
+
+    #[tokio::test]
+    async fn publishes_in_flight_together_are_all_in_the_file_when_they_resolve() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.jsonl");
+        let broker = MemoryBroker::new("uploads", 1);
+        broker.tee_output_only(&path).unwrap();
+        let sink = broker.sink();
+        let results = join_all((0..100).map(|n| sink.publish(message(n)))).await;
+        assert!(results.iter().all(Result::is_ok));
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut lines: Vec<&str> = text.lines().collect();
+        lines.sort_unstable();
+        let mut want: Vec<String> = (0..100).map(|n| format!("{{\"n\":{n}}}")).collect();
+        want.sort_unstable();
+        assert_eq!(lines, want, "every record once, whole lines");
+        assert_eq!(broker.output_len(), 100);
+        // One more after the batch: written on its own.
+        sink.publish(message(100)).await.unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 101);
+    }
+
+    #[tokio::test]
+    async fn a_failed_write_fails_every_publish_of_its_batch() {
+        // Linux: every write to /dev/full fails with ENOSPC.
+        let broker = MemoryBroker::new("uploads", 1);
+        broker.tee_output(Path::new("/dev/full")).unwrap();
+        let sink = broker.sink();
+        let results = join_all((0..5).map(|n| sink.publish(message(n)))).await;
+        for r in &results {
+            assert!(
+                matches!(r, Err(Error::Unavailable { .. })),
+                "a record not written is not acknowledged: {r:?}"
+            );
+        }
+        assert!(broker.output().is_empty());
+        assert_eq!(broker.output_len(), 0);
     }
 }

@@ -33,6 +33,7 @@ mod runtime_restart;
 mod runtime_tiers;
 mod runtime_timers;
 mod store_batch;
+mod store_cache;
 mod store_changelog;
 mod store_recovery;
 mod store_writer;

@@ -24,17 +24,19 @@ fn state(generation: u64, open_round: bool) -> SessionState {
         last_upload_at: 1_000,
         last_applied_event_id: Some(format!("e{generation}")),
         track: None,
-        round: open_round.then(|| Round {
-            start: 1_000,
-            deadline: 1_500,
-            max_wait_at: None,
-            delay: 500,
-            uploads: 1,
-            first_upload_at: Some(1_000),
-            last_upload_at: Some(1_000),
-            last_event_id: None,
-            attributes: Some("{\"a\":1}".into()),
-            parts: vec![1, 3],
+        round: open_round.then(|| {
+            Box::new(Round {
+                start: 1_000,
+                deadline: 1_500,
+                max_wait_at: None,
+                delay: 500,
+                uploads: 1,
+                first_upload_at: Some(1_000),
+                last_upload_at: Some(1_000),
+                last_event_id: None,
+                attributes: Some("{\"a\":1}".into()),
+                parts: vec![1, 3],
+            })
         }),
     }
 }

@@ -26,7 +26,7 @@ fn state(generation: u64) -> SessionState {
         last_upload_at: 1_000,
         last_applied_event_id: None,
         track: None,
-        round: Some(Round {
+        round: Some(Box::new(Round {
             start: 1_000,
             deadline: 1_500,
             max_wait_at: None,
@@ -37,7 +37,7 @@ fn state(generation: u64) -> SessionState {
             last_event_id: None,
             attributes: None,
             parts: vec![],
-        }),
+        })),
     }
 }
 
