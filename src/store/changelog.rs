@@ -134,9 +134,19 @@ pub(crate) struct Writes<'a> {
 impl<'a> Writes<'a> {
     /// A new batch on `db`; records into `changes` when given.
     pub(crate) fn new(db: &'a DB, changes: Option<&'a mut Vec<Change>>) -> Self {
+        Self::with_capacity(db, changes, 0)
+    }
+
+    /// [`Writes::new`] with room for about `bytes` of writes reserved up front (a flush of
+    /// thousands of sessions otherwise grows, and copies, the batch a dozen times).
+    pub(crate) fn with_capacity(
+        db: &'a DB,
+        changes: Option<&'a mut Vec<Change>>,
+        bytes: usize,
+    ) -> Self {
         Writes {
             db,
-            wb: WriteBatch::default(),
+            wb: WriteBatch::with_capacity_bytes(bytes),
             changes,
         }
     }

@@ -274,7 +274,13 @@ impl StoreState {
 /// Errors: [`Error::Encode`], [`Error::InjectedFault`].
 fn prepare(db: &DB, state: &mut StoreState) -> Result<(WriteBatch, Prepared), Error> {
     let mut recorded = Vec::new();
-    let mut w = changelog::Writes::new(db, state.recording.then_some(&mut recorded));
+    // ~100 bytes a session (key, timer, state, record header), ~200 an owed emission.
+    let bytes = 100 * state.mem.dirty.len()
+        + 200 * (state.mem.current.next_seq - state.mem.written_seq) as usize
+        + 32 * state.mem.acked.len()
+        + 1024;
+    let mut w =
+        changelog::Writes::with_capacity(db, state.recording.then_some(&mut recorded), bytes);
     let mem = &mut state.mem;
     let mut report = FlushReport::default();
     // Changelog order (see `store::changelog`): outbox, then sessions, tenants, meta. Every
