@@ -101,7 +101,10 @@ fn entry_bytes(key: &SessionKey, state: Option<&SessionState>) -> usize {
         let strings = s.last_applied_event_id.as_ref().map_or(0, String::len);
         strings
             + s.round.as_ref().map_or(0, |r| {
-                r.last_event_id.as_ref().map_or(0, String::len)
+                // The boxed round itself, with its allocation header.
+                std::mem::size_of::<crate::engine::Round>()
+                    + 16
+                    + r.last_event_id.as_ref().map_or(0, String::len)
                     + r.attributes.as_ref().map_or(0, String::len)
                     + r.parts.capacity() * 4
             })
