@@ -266,6 +266,7 @@ pub async fn run<I: PartitionInput, K: Sink, C: Clock>(
         catch_up: CatchUpQueue::new(),
         held: VecDeque::new(),
         caught_up: false,
+        paced: false,
         publish_from: 0,
         in_flight: 0,
         entries: Some(entries_tx),
@@ -328,6 +329,11 @@ struct Task<I, K, C> {
     held: VecDeque<Pending>,
     /// The last poll found the partition at its end.
     caught_up: bool,
+    /// The last step stopped at the catch-up pacer (overdue rounds released at
+    /// `catch-up-rate`): the partition waits anyway, so its flush is written on its own
+    /// thread and its emissions go out at once (not after the writer thread's write is
+    /// seen done a loop turn later).
+    paced: bool,
     /// Outbox sequence numbers below this were handed to the publisher.
     publish_from: u64,
     /// Handed to the publisher and not acknowledged yet.
@@ -512,6 +518,7 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
                 pause(cancel, p).await;
             }
             let report = self.step().map_err(fatal)?;
+            self.paced = report.paused.is_some();
             let flushed = self.flush_if_due(false).map_err(fatal)?;
             if self.txn.is_some() {
                 if flushed {
@@ -603,8 +610,12 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
     }
 
     /// True while the partition has work beyond this flush: records to read or apply, or
-    /// timers already due (a replayed backlog's rounds, overdue ones after a restart).
+    /// timers already due (a replayed backlog's rounds, overdue ones after a restart) — but
+    /// not while the catch-up pacer holds them back (`paced`).
     fn busy(&self) -> Result<bool, store::Error> {
+        if self.paced {
+            return Ok(false);
+        }
         if !self.caught_up || !self.held.is_empty() {
             return Ok(true);
         }
