@@ -32,10 +32,70 @@ pub const SIMULATED_TIER: &str = "normal";
 /// bad lines to `reject`. Returns the run's figures (`emitted_at = due_at`).
 pub fn replay<R: BufRead>(
     engine: Engine,
-    mut input: R,
+    input: R,
     mut emit: impl FnMut(&Emission) -> std::io::Result<()>,
-    mut reject: impl FnMut(&TraceError),
+    reject: impl FnMut(&TraceError),
 ) -> std::io::Result<RunStats> {
+    let (stats, _state) = replay_parsed(engine, TraceLines::new(input), |e| emit(&e), reject)?;
+    Ok(stats)
+}
+
+/// One trace line as the reader hands it over: `Ok(None)` for a blank or comment line.
+type Parsed = Result<Option<TraceLine>, TraceError>;
+
+/// The lines of a JSONL trace, parsed one by one (one line buffer for the whole input, no
+/// allocation per line); a line that is not UTF-8 is a bad line like any other, not the end of
+/// the run. Yields I/O errors.
+struct TraceLines<R> {
+    input: R,
+    text: Vec<u8>,
+    number: usize,
+}
+
+impl<R: BufRead> TraceLines<R> {
+    fn new(input: R) -> Self {
+        TraceLines {
+            input,
+            text: Vec::new(),
+            number: 0,
+        }
+    }
+}
+
+impl<R: BufRead> Iterator for TraceLines<R> {
+    type Item = std::io::Result<Parsed>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.text.clear();
+        match self.input.read_until(b'\n', &mut self.text) {
+            Ok(0) => return None,
+            Ok(_) => {}
+            Err(e) => return Some(Err(e)),
+        }
+        self.number += 1;
+        Some(Ok(match std::str::from_utf8(&self.text) {
+            Ok(text) => parse_trace_line(text, self.number),
+            Err(_) => Err(TraceError::Upload {
+                line: self.number,
+                source: codec::DecodeError::InvalidUtf8,
+            }),
+        }))
+    }
+}
+
+/// The engine's state at the end of a replay (every pending round fired): what is left to
+/// free.
+type EndState = (Driver, MemTable);
+
+/// [`replay`] over lines already parsed (by this thread or another), handing each emission
+/// over by value. Returns the figures and the end state, which the caller frees (or, when the
+/// process exits next, need not).
+fn replay_parsed(
+    engine: Engine,
+    lines: impl Iterator<Item = std::io::Result<Parsed>>,
+    mut emit: impl FnMut(Emission) -> std::io::Result<()>,
+    mut reject: impl FnMut(&TraceError),
+) -> std::io::Result<(RunStats, EndState)> {
     let mut driver = Driver::new(engine);
     let mut table = MemTable::new();
     let mut stats = RunStats::new();
@@ -44,28 +104,12 @@ pub fn replay<R: BufRead>(
     let mut flush = |out: &mut Vec<Emission>, stats: &mut RunStats| -> std::io::Result<()> {
         for e in out.drain(..) {
             stats.record_emission(&e, e.due_at);
-            emit(&e)?;
+            emit(e)?;
         }
         Ok(())
     };
-    // One line buffer for the whole input (no allocation per line); a line that is not UTF-8
-    // is a bad line like any other, not the end of the run.
-    let mut text = Vec::new();
-    let mut number = 0;
-    loop {
-        text.clear();
-        if input.read_until(b'\n', &mut text)? == 0 {
-            break;
-        }
-        number += 1;
-        let parsed = match std::str::from_utf8(&text) {
-            Ok(text) => parse_trace_line(text, number),
-            Err(_) => Err(TraceError::Upload {
-                line: number,
-                source: codec::DecodeError::InvalidUtf8,
-            }),
-        };
-        let line = match parsed {
+    for parsed in lines {
+        let line = match parsed? {
             Ok(Some(line)) => line,
             Ok(None) => continue,
             Err(e) => {
@@ -88,7 +132,95 @@ pub fn replay<R: BufRead>(
     }
     fire_pending(&mut driver, &mut table, &mut out);
     flush(&mut out, &mut stats)?;
-    Ok(stats)
+    Ok((stats, (driver, table)))
+}
+
+/// Lines or emissions handed between the threads of [`replay_file`] at a time.
+const HANDOFF_BATCH: usize = 4096;
+
+/// Batches in flight between two threads of [`replay_file`] (bounds its memory: about
+/// 2 × 4 × 4096 lines or records).
+const HANDOFF_DEPTH: usize = 4;
+
+/// [`replay_to_jsonl`] of a file on three threads: one reads and parses the lines, this one
+/// runs the engine, one encodes and writes the ready records, handing batches of
+/// [`HANDOFF_BATCH`] over bounded queues. Same records in the same order as
+/// [`replay_to_jsonl`]; the engine's end state is not freed (the process exits next).
+///
+/// Errors: reading the input or writing the output failed (the first error of either).
+fn replay_file<R, W>(
+    engine: Engine,
+    input: R,
+    output: W,
+    reject: impl FnMut(&TraceError),
+) -> std::io::Result<RunStats>
+where
+    R: BufRead + Send,
+    W: Write + Send,
+{
+    use std::sync::mpsc::sync_channel;
+    std::thread::scope(|scope| {
+        let (lines_tx, lines_rx) = sync_channel::<Vec<std::io::Result<Parsed>>>(HANDOFF_DEPTH);
+        scope.spawn(move || {
+            let mut batch = Vec::with_capacity(HANDOFF_BATCH);
+            for parsed in TraceLines::new(input) {
+                let failed = parsed.is_err();
+                batch.push(parsed);
+                if batch.len() == HANDOFF_BATCH || failed {
+                    let full = std::mem::replace(&mut batch, Vec::with_capacity(HANDOFF_BATCH));
+                    if lines_tx.send(full).is_err() || failed {
+                        return;
+                    }
+                }
+            }
+            // The engine may have stopped (a failed write): nothing more to hand over.
+            let _ = lines_tx.send(batch);
+        });
+        let (records_tx, records_rx) = sync_channel::<Vec<Emission>>(HANDOFF_DEPTH);
+        let writer = scope.spawn(move || -> std::io::Result<()> {
+            let mut output = output;
+            let mut record = Vec::with_capacity(512);
+            for batch in records_rx {
+                for e in &batch {
+                    record.clear();
+                    codec::encode_ready_into(e, e.due_at, SIMULATED_TIER, &mut record);
+                    record.push(b'\n');
+                    output.write_all(&record)?;
+                }
+            }
+            output.flush()
+        });
+        let mut pending = Vec::with_capacity(HANDOFF_BATCH);
+        let broken = || std::io::Error::other("the output writer stopped");
+        let replayed = replay_parsed(
+            engine,
+            lines_rx.into_iter().flatten(),
+            |e| {
+                pending.push(e);
+                if pending.len() == HANDOFF_BATCH {
+                    let full = std::mem::replace(&mut pending, Vec::with_capacity(HANDOFF_BATCH));
+                    records_tx.send(full).map_err(|_| broken())?;
+                }
+                Ok(())
+            },
+            reject,
+        );
+        // The last records, then the end of the queue; the writer's own error comes first.
+        let sent = match &replayed {
+            Ok(_) => records_tx.send(pending).map_err(|_| broken()),
+            Err(_) => Ok(()),
+        };
+        drop(records_tx);
+        let written = writer
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("the output writer panicked")));
+        written?;
+        sent?;
+        let (stats, end) = replayed?;
+        // Freeing every state and timer one by one takes longer than the process has left.
+        std::mem::forget(end);
+        Ok(stats)
+    })
 }
 
 /// Replays a trace and writes one ready record per line to `output`. See [`replay`].
@@ -171,22 +303,23 @@ pub fn command(
 ) -> anyhow::Result<()> {
     let cfg = Config::load(config)?;
     let engine = Engine::new(cfg.policy_table());
-    let mut out: Box<dyn Write> = match output {
+    let mut out: Box<dyn Write + Send> = match output {
         Some(p) => Box::new(BufWriter::new(
             std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?,
         )),
-        None => Box::new(BufWriter::new(std::io::stdout().lock())),
+        None => Box::new(BufWriter::with_capacity(1 << 16, std::io::stdout())),
     };
     let stats = match &source.choice.input {
         // A file streams through the engine line by line.
         Some(input)
             if source.since.is_none() && source.until.is_none() && source.topic.is_none() =>
         {
-            let reader = BufReader::new(
+            let reader = BufReader::with_capacity(
+                1 << 20,
                 std::fs::File::open(input)
                     .with_context(|| format!("cannot open {}", input.display()))?,
             );
-            replay_to_jsonl(engine, reader, &mut out, |e| {
+            replay_file(engine, reader, &mut out, |e| {
                 eprintln!("{}: skipped {e}", input.display());
             })?
         }
@@ -343,6 +476,67 @@ mod tests {
             "only {} restarts",
             records.len() - old_ids.len()
         );
+    }
+
+    #[test]
+    fn the_threaded_file_replay_writes_what_the_one_thread_replay_writes() {
+        // Enough lines for many hand-over batches both ways, bad lines (one not UTF-8) among
+        // them, and rounds left pending at the end of input.
+        let mut trace = Vec::new();
+        for i in 0..3 * HANDOFF_BATCH as i64 {
+            let line = match i % 97 {
+                0 => "not json".to_string(),
+                1 => "# a comment".to_string(),
+                _ => format!(
+                    r#"{{"tenant":"t{}","session":"s{}","ts":{}}}"#,
+                    i % 7,
+                    (i * 31) % 1_000,
+                    i * 13
+                ),
+            };
+            trace.extend_from_slice(line.as_bytes());
+            trace.push(b'\n');
+        }
+        trace.extend_from_slice(b"{\"tenant\":\"t\",\"session\":\"\xff\",\"ts\":1}\n");
+        let engine = || Engine::new(PolicyTable::uniform(PolicySpec::adaptive(200, 5_000)));
+        let (mut one, mut one_errs) = (Vec::new(), Vec::new());
+        let one_stats = replay_to_jsonl(engine(), &trace[..], &mut one, |e| {
+            one_errs.push(e.to_string())
+        })
+        .unwrap();
+        let (mut three, mut three_errs) = (Vec::new(), Vec::new());
+        let three_stats = replay_file(engine(), &trace[..], &mut three, |e| {
+            three_errs.push(e.to_string())
+        })
+        .unwrap();
+        assert!(
+            one_stats.emissions as usize > 2 * HANDOFF_BATCH,
+            "{}",
+            one_stats.emissions
+        );
+        assert_eq!(one_errs.len(), 3 * HANDOFF_BATCH / 97 + 2, "{one_errs:?}");
+        assert_eq!(three_errs, one_errs);
+        assert!(three == one, "the ready records differ");
+        assert_eq!(three_stats.to_string(), one_stats.to_string());
+    }
+
+    #[test]
+    fn the_threaded_file_replay_reports_a_failed_write() {
+        struct Full;
+        impl Write for Full {
+            fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+                Err(std::io::Error::other("disk full"))
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let trace: String = (0..5 * HANDOFF_BATCH)
+            .map(|i| format!("{{\"tenant\":\"t\",\"session\":\"s{i}\",\"ts\":{i}}}\n"))
+            .collect();
+        let engine = Engine::new(PolicyTable::uniform(PolicySpec::fixed(1)));
+        let err = replay_file(engine, trace.as_bytes(), Full, |e| panic!("{e}")).unwrap_err();
+        assert_eq!(err.to_string(), "disk full");
     }
 
     #[test]

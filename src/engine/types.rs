@@ -2,26 +2,30 @@
 //! emissions. All times are event-time milliseconds since the Unix epoch (SEMANTICS §3); all
 //! durations are milliseconds.
 
+use ecow::EcoString;
 use serde::{Deserialize, Serialize};
 use std::fmt;
-use std::sync::Arc;
 
 /// Milliseconds since the Unix epoch (an instant) or a length of time in milliseconds.
 pub type Millis = i64;
 
 /// `tenant/session` (SEMANTICS §2). The first `/` separates tenant and session.
 ///
-/// Cheap to clone (shared string). Construction does not validate the tenant/session
-/// alphabets; `codec::decode_upload` does that for records from the outside.
+/// Cheap to clone, 16 bytes: a key of at most 15 bytes is held inline (no heap, no pointer
+/// to follow when two keys are compared or a hash bucket is checked); a longer one is a
+/// shared, reference-counted string (as big as an `Arc<str>`). Ordered, hashed and serialized as its text. Construction does not validate
+/// the tenant/session alphabets; `codec::decode_upload` does that for records from the
+/// outside.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct SessionKey(Arc<str>);
+pub struct SessionKey(EcoString);
 
 impl SessionKey {
     /// Builds `tenant/session`.
     pub fn new(tenant: &str, session: &str) -> Self {
         let (t, len) = (tenant.len(), tenant.len() + 1 + session.len());
-        // Joined on the stack, so the shared string is the only allocation (once per upload).
+        // Joined on the stack: a short key is copied inline (no allocation), a longer one
+        // into its one shared allocation.
         let mut buf = [0u8; 96];
         if let Some(joined) = buf.get_mut(..len) {
             joined[..t].copy_from_slice(tenant.as_bytes());
@@ -29,20 +33,20 @@ impl SessionKey {
             joined[t + 1..].copy_from_slice(session.as_bytes());
             // Two `str`s joined by `/` are UTF-8: this check never fails.
             if let Ok(key) = std::str::from_utf8(joined) {
-                return SessionKey(Arc::from(key));
+                return SessionKey(EcoString::from(key));
             }
         }
         let mut s = String::with_capacity(len);
         s.push_str(tenant);
         s.push('/');
         s.push_str(session);
-        SessionKey(s.into())
+        SessionKey(EcoString::from(s))
     }
 
     /// Wraps an already joined key. Returns `None` when it has no `/` or an empty tenant.
     pub fn parse(key: &str) -> Option<Self> {
         match key.find('/') {
-            Some(i) if i > 0 && i + 1 < key.len() => Some(SessionKey(key.into())),
+            Some(i) if i > 0 && i + 1 < key.len() => Some(SessionKey(EcoString::from(key))),
             _ => None,
         }
     }
@@ -69,7 +73,7 @@ impl SessionKey {
 
 impl fmt::Debug for SessionKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?}", &*self.0)
+        write!(f, "{:?}", self.0.as_str())
     }
 }
 
@@ -309,5 +313,58 @@ impl Emission {
             id.push_str(part);
         }
         id
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_and_long_keys_split_order_and_serialize_alike() {
+        // 15 bytes are held inline, 16 and more in a shared string: nothing else may differ.
+        let short = SessionKey::new("acme", "build-4201"); // 4 + 1 + 10 = 15 bytes
+        let long = SessionKey::new("acme", "build-42012"); // 16 bytes
+        let huge = SessionKey::new("t", &"s".repeat(200)); // past the 96-byte stack buffer
+        assert_eq!(short.as_str().len(), 15);
+        assert_eq!(long.as_str().len(), 16);
+        assert_eq!(std::mem::size_of::<SessionKey>(), 16);
+        for (key, tenant, session) in [
+            (&short, "acme", "build-4201"),
+            (&long, "acme", "build-42012"),
+            (&huge, "t", &"s".repeat(200)[..]),
+        ] {
+            assert_eq!(key.tenant(), tenant);
+            assert_eq!(key.session(), session);
+            assert_eq!(key.as_str(), format!("{tenant}/{session}"));
+            assert_eq!(SessionKey::parse(key.as_str()).as_ref(), Some(key));
+            let json = serde_json::to_string(key).unwrap();
+            assert_eq!(json, format!("\"{tenant}/{session}\""));
+            assert_eq!(&serde_json::from_str::<SessionKey>(&json).unwrap(), key);
+            assert_eq!(format!("{key}"), key.as_str());
+            assert_eq!(format!("{key:?}"), format!("{:?}", key.as_str()));
+        }
+        // Ordered and hashed as their text, whichever way each is held.
+        assert!(short < long && long.clone() == long);
+        let mut keys = vec![long.clone(), huge.clone(), short.clone()];
+        keys.sort();
+        let mut texts: Vec<&str> = vec![long.as_str(), huge.as_str(), short.as_str()];
+        texts.sort();
+        assert_eq!(
+            keys.iter().map(SessionKey::as_str).collect::<Vec<_>>(),
+            texts
+        );
+        use std::hash::BuildHasher;
+        let h = std::collections::hash_map::RandomState::new();
+        assert_eq!(
+            h.hash_one(&short),
+            h.hash_one(SessionKey::new("acme", "build-4201"))
+        );
+        assert_eq!(
+            h.hash_one(&huge),
+            h.hash_one(SessionKey::parse(huge.as_str()).unwrap())
+        );
+        assert_eq!(SessionKey::parse("no-slash"), None);
+        assert_eq!(SessionKey::parse("/s"), None);
     }
 }
