@@ -102,6 +102,13 @@ pub const FEED_WAIT: Duration = Duration::from_millis(1);
 /// many windows' worth (entries in it are still owed: a stop leaves them in the outbox).
 pub const FEED_QUEUE_WINDOWS: usize = 16;
 
+/// How soon after the last flush a caught-up partition writes the next one when it owes
+/// emissions (ms), instead of waiting for the whole `store.flush-interval`: a round is
+/// published only once its flush is durable, so the interval is part of every round's
+/// lateness; state changes alone still wait for the interval. Not while the partition catches
+/// up (it writes bigger batches then) nor in exactly-once mode (a flush is a transaction).
+pub const EMITTING_FLUSH_INTERVAL: Duration = Duration::from_millis(2);
+
 /// Most changelog appends (one per store write) waiting for their acknowledgement before
 /// the task stops taking input and waits for the changelog to catch up (backpressure while
 /// the changelog's broker is slow or down).
@@ -565,7 +572,8 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
     ///
     /// Errors: the store's (fatal; its memory is back at the last durable state).
     fn flush_if_due(&mut self, force: bool) -> Result<bool, store::Error> {
-        let on_thread = force || self.txn.is_some() || !self.busy()?;
+        let busy = self.busy()?;
+        let on_thread = force || self.txn.is_some() || !busy;
         let mut durable = match self.store.poll_flush()? {
             Some(done) => {
                 self.flush_written(done.took);
@@ -582,10 +590,9 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
         if !self.store.unflushed() || self.store.write_in_flight() {
             return Ok(durable);
         }
-        let s = &self.ctx.settings;
         if !force
-            && self.store.dirty_keys() < s.flush_max_dirty
-            && self.flushed_at.elapsed() < s.flush_interval
+            && self.store.dirty_keys() < self.ctx.settings.flush_max_dirty
+            && self.flushed_at.elapsed() < self.flush_interval_now(busy)
         {
             return Ok(durable);
         }
@@ -647,13 +654,23 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
         }
         if self.store.unflushed() {
             let left = self
-                .ctx
-                .settings
-                .flush_interval
+                .flush_interval_now(self.busy()?)
                 .saturating_sub(self.flushed_at.elapsed());
             return Ok(wait.min(left));
         }
         Ok(wait)
+    }
+
+    /// The flush interval in force: `store.flush-interval`, or [`EMITTING_FLUSH_INTERVAL`]
+    /// for a caught-up partition (`busy` false) that owes emissions, outside exactly-once
+    /// mode.
+    fn flush_interval_now(&self, busy: bool) -> Duration {
+        let interval = self.ctx.settings.flush_interval;
+        if !busy && self.txn.is_none() && self.store.unflushed_emissions() > 0 {
+            interval.min(EMITTING_FLUSH_INTERVAL)
+        } else {
+            interval
+        }
     }
 
     /// How long the next poll may wait for input, flushes aside.

@@ -41,6 +41,33 @@ async fn an_idle_partition_fires_on_the_wall_clock() {
     run.stop().await;
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_round_due_on_a_live_partition_does_not_wait_for_the_flush_interval() {
+    // A live stream keeps a flush owed all the time (one upload every 10 ms), and the flush
+    // interval is 5 s: a round falling due in between must still be published within a few
+    // ms of its due time, not at the next interval flush (EMITTING_FLUSH_INTERVAL).
+    let f = fixture(1, PolicySpec::fixed(DELAY));
+    let broker = &f.broker;
+    let mut o = options(f.dir.path());
+    o.flush_interval = Duration::from_secs(5);
+    let run = f.start_with(o);
+    produce(broker, "acme", "s1", T0);
+    for i in 1..=150 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        produce(broker, "acme", "busy", T0 + 10 * i);
+    }
+    let out = emitted(broker);
+    assert_eq!(out.len(), 1, "only s1's round was due: {out:?}");
+    let (e, emitted_at) = &out[0];
+    assert_eq!((e.key.session(), e.due_at), ("s1", T0 + DELAY));
+    let lateness = emitted_at - e.due_at;
+    assert!(
+        (0..=10).contains(&lateness),
+        "published {lateness} ms after its due time with a 5 s flush interval"
+    );
+    run.stop().await;
+}
+
 /// A backlog of `sessions` keys over 60 s of event time, several rounds per key (gaps longer
 /// than the delay now and then), sorted by event time.
 fn backlog(seed: u64, sessions: usize, start: i64) -> Vec<Upload> {
