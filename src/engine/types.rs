@@ -346,9 +346,9 @@ mod tests {
         }
         // Ordered and hashed as their text, whichever way each is held.
         assert!(short < long && long.clone() == long);
-        let mut keys = vec![long.clone(), huge.clone(), short.clone()];
+        let mut keys = [long.clone(), huge.clone(), short.clone()];
         keys.sort();
-        let mut texts: Vec<&str> = vec![long.as_str(), huge.as_str(), short.as_str()];
+        let mut texts = [long.as_str(), huge.as_str(), short.as_str()];
         texts.sort();
         assert_eq!(
             keys.iter().map(SessionKey::as_str).collect::<Vec<_>>(),
