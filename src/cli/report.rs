@@ -115,6 +115,19 @@ impl RunStats {
         }
     }
 
+    /// These emission figures with the input counts (uploads, late, redelivered, rejected) of
+    /// `inputs`: for a run whose emissions were counted apart from its inputs (on another
+    /// thread).
+    pub fn with_inputs_of(self, inputs: &RunStats) -> RunStats {
+        RunStats {
+            uploads: inputs.uploads,
+            late: inputs.late,
+            redelivered: inputs.redelivered,
+            rejected: inputs.rejected,
+            ..self
+        }
+    }
+
     /// Records one emission sent at `emitted_at` (ms).
     pub fn record_emission(&mut self, e: &Emission, emitted_at: Millis) {
         self.emissions += 1;

@@ -36,8 +36,17 @@ pub fn replay<R: BufRead>(
     mut emit: impl FnMut(&Emission) -> std::io::Result<()>,
     reject: impl FnMut(&TraceError),
 ) -> std::io::Result<RunStats> {
-    let (stats, _state) = replay_parsed(engine, TraceLines::new(input), |e| emit(&e), reject)?;
-    Ok(stats)
+    let mut emitted = RunStats::new();
+    let (inputs, _state) = replay_parsed(
+        engine,
+        TraceLines::new(input),
+        |e| {
+            emitted.record_emission(&e, e.due_at);
+            emit(&e)
+        },
+        reject,
+    )?;
+    Ok(emitted.with_inputs_of(&inputs))
 }
 
 /// One trace line as the reader hands it over: `Ok(None)` for a blank or comment line.
@@ -88,8 +97,8 @@ impl<R: BufRead> Iterator for TraceLines<R> {
 type EndState = (Driver, MemTable);
 
 /// [`replay`] over lines already parsed (by this thread or another), handing each emission
-/// over by value. Returns the figures and the end state, which the caller frees (or, when the
-/// process exits next, need not).
+/// over by value (`emit` counts it: the figures returned are the inputs' only). Returns them
+/// and the end state, which the caller frees (or, when the process exits next, need not).
 fn replay_parsed(
     engine: Engine,
     lines: impl Iterator<Item = std::io::Result<Parsed>>,
@@ -101,13 +110,8 @@ fn replay_parsed(
     let mut stats = RunStats::new();
     let mut out = Vec::new();
     let mut now = Millis::MIN;
-    let mut flush = |out: &mut Vec<Emission>, stats: &mut RunStats| -> std::io::Result<()> {
-        for e in out.drain(..) {
-            stats.record_emission(&e, e.due_at);
-            emit(e)?;
-        }
-        Ok(())
-    };
+    let mut flush =
+        |out: &mut Vec<Emission>| -> std::io::Result<()> { out.drain(..).try_for_each(&mut emit) };
     for parsed in lines {
         let line = match parsed? {
             Ok(Some(line)) => line,
@@ -128,10 +132,10 @@ fn replay_parsed(
             Applied::Redelivered => stats.redelivered += 1,
             Applied::OnTime => {}
         }
-        flush(&mut out, &mut stats)?;
+        flush(&mut out)?;
     }
     fire_pending(&mut driver, &mut table, &mut out);
-    flush(&mut out, &mut stats)?;
+    flush(&mut out)?;
     Ok((stats, (driver, table)))
 }
 
@@ -177,18 +181,21 @@ where
             let _ = lines_tx.send(batch);
         });
         let (records_tx, records_rx) = sync_channel::<Vec<Emission>>(HANDOFF_DEPTH);
-        let writer = scope.spawn(move || -> std::io::Result<()> {
+        let writer = scope.spawn(move || -> std::io::Result<RunStats> {
             let mut output = output;
             let mut record = Vec::with_capacity(512);
+            let mut emitted = RunStats::new();
             for batch in records_rx {
                 for e in &batch {
+                    emitted.record_emission(e, e.due_at);
                     record.clear();
                     codec::encode_ready_into(e, e.due_at, SIMULATED_TIER, &mut record);
                     record.push(b'\n');
                     output.write_all(&record)?;
                 }
             }
-            output.flush()
+            output.flush()?;
+            Ok(emitted)
         });
         let mut pending = Vec::with_capacity(HANDOFF_BATCH);
         let broken = || std::io::Error::other("the output writer stopped");
@@ -214,12 +221,12 @@ where
         let written = writer
             .join()
             .unwrap_or_else(|_| Err(std::io::Error::other("the output writer panicked")));
-        written?;
+        let emitted = written?;
         sent?;
-        let (stats, end) = replayed?;
+        let (inputs, end) = replayed?;
         // Freeing every state and timer one by one takes longer than the process has left.
         std::mem::forget(end);
-        Ok(stats)
+        Ok(emitted.with_inputs_of(&inputs))
     })
 }
 
