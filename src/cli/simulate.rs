@@ -168,6 +168,7 @@ where
         scope.spawn(move || {
             let mut batch = Vec::with_capacity(HANDOFF_BATCH);
             for parsed in TraceLines::new(input) {
+                let parsed = parsed.map_err(|e| context(e, "cannot read the trace"));
                 let failed = parsed.is_err();
                 batch.push(parsed);
                 if batch.len() == HANDOFF_BATCH || failed {
@@ -191,10 +192,14 @@ where
                     record.clear();
                     codec::encode_ready_into(e, e.due_at, SIMULATED_TIER, &mut record);
                     record.push(b'\n');
-                    output.write_all(&record)?;
+                    output
+                        .write_all(&record)
+                        .map_err(|e| context(e, "cannot write the ready records"))?;
                 }
             }
-            output.flush()?;
+            output
+                .flush()
+                .map_err(|e| context(e, "cannot write the ready records"))?;
             Ok(emitted)
         });
         let mut pending = Vec::with_capacity(HANDOFF_BATCH);
@@ -282,6 +287,12 @@ pub fn replay_trace(engine: Engine, trace: &Trace, mut emit: impl FnMut(&Emissio
     fire_pending(&mut driver, &mut table, &mut out);
     flush(&mut out, &mut stats);
     stats
+}
+
+/// `e` with `what` before its message, of the same kind (a broken pipe stays one: the command
+/// line ends quietly when its reader is gone).
+fn context(e: std::io::Error, what: &str) -> std::io::Error {
+    std::io::Error::new(e.kind(), format!("{what}: {e}"))
 }
 
 /// End of input: every pending round fires. Partition time moves to the latest round's due
@@ -543,7 +554,7 @@ mod tests {
             .collect();
         let engine = Engine::new(PolicyTable::uniform(PolicySpec::fixed(1)));
         let err = replay_file(engine, trace.as_bytes(), Full, |e| panic!("{e}")).unwrap_err();
-        assert_eq!(err.to_string(), "disk full");
+        assert_eq!(err.to_string(), "cannot write the ready records: disk full");
     }
 
     #[test]
