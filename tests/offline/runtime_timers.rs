@@ -44,8 +44,9 @@ async fn an_idle_partition_fires_on_the_wall_clock() {
 #[tokio::test(start_paused = true)]
 async fn a_round_due_on_a_live_partition_does_not_wait_for_the_flush_interval() {
     // A live stream keeps a flush owed all the time (one upload every 10 ms), and the flush
-    // interval is 5 s: a round falling due in between must still be published within a few
-    // ms of its due time, not at the next interval flush (EMITTING_FLUSH_INTERVAL).
+    // interval is 5 s: a round falling due in between must still be published soon after its
+    // due time, not at the next interval flush (EMITTING_FLUSH_INTERVAL, or 10 times the last
+    // real write's time: a few ms, more in a debug build on a loaded machine).
     let f = fixture(1, PolicySpec::fixed(DELAY));
     let broker = &f.broker;
     let mut o = options(f.dir.path());
@@ -62,7 +63,7 @@ async fn a_round_due_on_a_live_partition_does_not_wait_for_the_flush_interval() 
     assert_eq!((e.key.session(), e.due_at), ("s1", T0 + DELAY));
     let lateness = emitted_at - e.due_at;
     assert!(
-        (0..=10).contains(&lateness),
+        (0..=200).contains(&lateness),
         "published {lateness} ms after its due time with a 5 s flush interval"
     );
     run.stop().await;
