@@ -44,7 +44,7 @@ pub fn run(file: Option<&Path>, transport: Option<Transport>) -> anyhow::Result<
         config.validate()?;
     }
     log_start(&config, file);
-    crate::runtime::block_on(async {
+    let (partitions, flushed) = crate::runtime::block_on(async {
         let shutdown = CancellationToken::new();
         let signals =
             shutdown_on_signals(shutdown.clone()).context("cannot install signal handlers")?;
@@ -59,19 +59,18 @@ pub fn run(file: Option<&Path>, transport: Option<Transport>) -> anyhow::Result<
         if let Some((p, reason)) = summary.failed().first() {
             anyhow::bail!("partition {p} failed: {reason}");
         }
-        // The last line of a clean stop: every partition task has ended, the stores closed.
         let flushed = summary
             .partitions
             .values()
             .filter(|e| matches!(e, PartitionExit::Stopped { flushed: true }))
             .count();
-        tracing::info!(
-            partitions = summary.partitions.len(),
-            flushed,
-            "settle run stopped"
-        );
-        Ok(())
-    })?
+        anyhow::Ok((summary.partitions.len(), flushed))
+    })??;
+    // The last line of a clean stop: every partition task has ended, the stores closed, and
+    // the runtime is gone with every broker client (a client's own thread could otherwise
+    // still log a connection error after this line).
+    tracing::info!(partitions, flushed, "settle run stopped");
+    Ok(())
 }
 
 /// How long past `runtime.shutdown-deadline` a stop may take before [`shutdown_watchdog`]
