@@ -61,12 +61,16 @@ pub fn run(args: RunFileArgs) -> anyhow::Result<RunFileReport> {
 async fn run_async(args: RunFileArgs) -> anyhow::Result<RunFileReport> {
     let config = Config::load(args.config.as_deref())?;
     let broker = MemoryBroker::new(RUN_FILE_TOPIC, args.partitions.max(1));
-    let load = broker
-        .load_trace_file(&args.input)
-        .with_context(|| format!("cannot read the trace {}", args.input.display()))?;
+    let trace_error = || format!("cannot read the trace {}", args.input.display());
+    let trace = std::fs::File::open(&args.input).with_context(trace_error)?;
     broker
         .tee_output_only(&args.output)
         .with_context(|| format!("cannot open the output {}", args.output.display()))?;
+    // The trace loads on a thread of its own while the partitions consume it (a backlog
+    // until it is all there: `MemoryBroker::load_trace_in_background`).
+    let loader = broker
+        .load_trace_in_background(trace)
+        .context("cannot start the trace loader thread")?;
     let mut options = RuntimeOptions::from_config(&config);
     options.data_dir = args.data_dir.clone();
     let runtime = Runtime::new(
@@ -92,9 +96,17 @@ async fn run_async(args: RunFileArgs) -> anyhow::Result<RunFileReport> {
             shutdown.cancel();
         })
     };
-    let summary = runtime.run(broker.source("settle"), shutdown).await?;
+    let summary = runtime.run(broker.source("settle"), shutdown).await;
     done.abort();
     signals.abort();
+    // A stop before the load ended waits for the rest of the file to be read (bounded by
+    // its size); a load that failed is the error to report, whatever the runtime did.
+    let load = tokio::task::spawn_blocking(move || loader.join())
+        .await
+        .context("the trace loader did not finish")?
+        .map_err(|_| anyhow::anyhow!("the trace loader panicked"))?
+        .with_context(trace_error)?;
+    let summary = summary?;
     if let Some((p, reason)) = summary.failed().first() {
         anyhow::bail!("partition {p} failed: {reason}");
     }

@@ -43,6 +43,12 @@ impl SessionKey {
         SessionKey(EcoString::from(s))
     }
 
+    /// An empty key, never a real one (no `/`): a placeholder where a slot's key was taken
+    /// out (`store::mem`). No allocation.
+    pub(crate) fn placeholder() -> Self {
+        SessionKey(EcoString::new())
+    }
+
     /// Wraps an already joined key. Returns `None` when it has no `/` or an empty tenant.
     pub fn parse(key: &str) -> Option<Self> {
         match key.find('/') {

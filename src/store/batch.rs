@@ -346,7 +346,7 @@ impl<'s> Batch<'s> {
             .into_iter()
             .filter(|k| {
                 !self.slots.contains_key(*k)
-                    && !mem.entries.contains_key(*k)
+                    && !mem.is_cached(k)
                     && !mem.idle_evicted.contains_key(*k)
             })
             .take(MAX_PREFETCH)
@@ -714,7 +714,7 @@ impl SessionTable for Batch<'_> {
             let Some(&last_upload_at) = mem.idle_evicted.get(key) else {
                 return Ok(false);
             };
-            if mem.entries.contains_key(key) || !expired(last_upload_at) {
+            if mem.is_cached(key) || !expired(last_upload_at) {
                 return Ok(false);
             }
             // The stored state (no round open) is gone; the timer stays until the caller
@@ -732,7 +732,7 @@ impl SessionTable for Batch<'_> {
         let Some(&last_upload_at) = mem.idle_evicted.get(key) else {
             return Ok(false);
         };
-        if mem.entries.contains_key(key) || !expired(last_upload_at) {
+        if mem.is_cached(key) || !expired(last_upload_at) {
             return Ok(false);
         }
         // As `delete` after a read would leave it: the stored state (no round open) is gone,

@@ -25,7 +25,7 @@
 //!   `meta` until the next flush.
 //!
 //! Invariant: `timers` holds exactly one `(due, key)` for each key whose entry (cached or
-//! stored) has a timer, and nothing else; `dirty` lists each dirty entry's key once.
+//! stored) has a timer, and nothing else; `dirty` lists each dirty entry's slot once.
 
 use crate::engine::{Emission, Millis, SessionKey, SessionState, TenantAges, TenantStats};
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -124,16 +124,33 @@ pub(crate) struct Current {
     pub(crate) position_dirty: bool,
 }
 
+/// A cached key and its entry, in [`Mem`]'s slot vector (`entry` `None`: a free slot).
+pub(crate) struct Slot {
+    pub(crate) key: SessionKey,
+    pub(crate) entry: Option<Entry>,
+}
+
 /// The in-memory state of one partition store (module docs).
+///
+/// Cached entries live in a vector of slots that never move while their key is cached; the
+/// map `index` only maps a key to its slot number, so that growing it moves small buckets,
+/// the dirty list names slots (a flush reaches its entries without a lookup), and the slot
+/// of the key looked up last is remembered (`last`): the driver's several calls per upload
+/// (state, then timer) look the key up once.
 pub(crate) struct Mem {
-    pub(crate) entries: FxHashMap<SessionKey, Entry>,
-    /// Keys of dirty entries, each once.
-    pub(crate) dirty: Vec<SessionKey>,
+    index: FxHashMap<SessionKey, u32>,
+    slots: Vec<Slot>,
+    /// Free slot numbers (their `entry` is `None`).
+    free: Vec<u32>,
+    /// The key last looked up, with its slot (cleared when a slot is freed).
+    last: Option<(SessionKey, u32)>,
+    /// Slots of dirty entries, each once.
+    pub(crate) dirty: Vec<u32>,
     /// Every key with stored state has an entry (nothing with state was evicted).
     pub(crate) complete: bool,
     pub(crate) timers: BTreeSet<(Millis, SessionKey)>,
     /// Evicted keys whose state has no round open, with the state's `last_upload_at` (ms);
-    /// disjoint from `entries` (module docs).
+    /// disjoint from the cached keys (module docs).
     pub(crate) idle_evicted: FxHashMap<SessionKey, Millis>,
     /// Owed emissions by sequence number.
     pub(crate) outbox: BTreeMap<u64, Emission>,
@@ -164,7 +181,10 @@ impl Mem {
     /// An empty memory side charging `budget`.
     pub(crate) fn new(budget: CacheBudget) -> Self {
         Mem {
-            entries: FxHashMap::default(),
+            index: FxHashMap::default(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            last: None,
             dirty: Vec::new(),
             complete: true,
             timers: BTreeSet::new(),
@@ -200,11 +220,79 @@ impl Mem {
         entry_bytes(key, Some(state))
     }
 
+    /// The slot number of `key` if cached: the remembered one, or from the index.
+    fn find(&mut self, key: &SessionKey) -> Option<u32> {
+        if let Some((k, i)) = &self.last {
+            if k == key {
+                return Some(*i);
+            }
+        }
+        let i = *self.index.get(key)?;
+        self.last = Some((key.clone(), i));
+        Some(i)
+    }
+
+    /// Caches `entry` for `key` (not cached): its slot number.
+    fn add(&mut self, key: &SessionKey, entry: Entry) -> u32 {
+        if !self.idle_evicted.is_empty() {
+            self.idle_evicted.remove(key);
+        }
+        let i = match self.free.pop() {
+            Some(i) => {
+                self.slots[i as usize] = Slot {
+                    key: key.clone(),
+                    entry: Some(entry),
+                };
+                i
+            }
+            None => {
+                // Fewer than 2^32 keys live in one partition's memory (each takes ~200 bytes).
+                let i = u32::try_from(self.slots.len()).expect("fewer than 2^32 cached sessions");
+                self.slots.push(Slot {
+                    key: key.clone(),
+                    entry: Some(entry),
+                });
+                i
+            }
+        };
+        self.index.insert(key.clone(), i);
+        self.last = Some((key.clone(), i));
+        i
+    }
+
+    /// The entry in slot `i` (a slot number from `index` or `dirty`).
+    pub(crate) fn slot_mut(&mut self, i: u32) -> (&SessionKey, Option<&mut Entry>) {
+        let slot = &mut self.slots[i as usize];
+        (&slot.key, slot.entry.as_mut())
+    }
+
+    /// The key of slot `i`.
+    pub(crate) fn slot_key(&self, i: u32) -> &SessionKey {
+        &self.slots[i as usize].key
+    }
+
+    /// The cached entry of `key`, if any (not marked as used).
+    pub(crate) fn entry(&self, key: &SessionKey) -> Option<&Entry> {
+        let i = *self.index.get(key)?;
+        self.slots[i as usize].entry.as_ref()
+    }
+
+    /// Whether `key` is cached.
+    pub(crate) fn is_cached(&self, key: &SessionKey) -> bool {
+        self.index.contains_key(key)
+    }
+
+    /// Number of cached keys.
+    pub(crate) fn cached_len(&self) -> usize {
+        self.index.len()
+    }
+
     /// The cached entry of `key`, marked as used.
     pub(crate) fn touch(&mut self, key: &SessionKey) -> Option<&Entry> {
         self.tick += 1;
         let tick = self.tick;
-        self.entries.get_mut(key).map(|e| {
+        let i = self.find(key)?;
+        self.slots[i as usize].entry.as_mut().map(|e| {
             e.tick = tick;
             &*e
         })
@@ -217,25 +305,20 @@ impl Mem {
         state: Option<SessionState>,
         due: Option<Millis>,
     ) {
-        if self.entries.contains_key(key) {
+        if self.find(key).is_some() {
             return;
-        }
-        if !self.idle_evicted.is_empty() {
-            self.idle_evicted.remove(key);
         }
         self.tick += 1;
         let bytes = entry_bytes(key, state.as_ref());
         self.charge(bytes, 0);
-        self.entries.insert(
-            key.clone(),
-            Entry {
-                state,
-                due,
-                dirty: false,
-                tick: self.tick,
-                bytes,
-            },
-        );
+        let entry = Entry {
+            state,
+            due,
+            dirty: false,
+            tick: self.tick,
+            bytes,
+        };
+        self.add(key, entry);
     }
 
     /// Sets `key`'s state and timer (a change: the entry becomes dirty).
@@ -248,12 +331,14 @@ impl Mem {
         self.tick += 1;
         let bytes = entry_bytes(key, state.as_ref());
         let tick = self.tick;
-        let old = match self.entries.get_mut(key) {
-            Some(e) => {
+        let old = match self.find(key) {
+            Some(i) => {
+                // Invariant: an indexed slot holds an entry.
+                let e = self.slots[i as usize].entry.as_mut().expect("indexed slot");
                 let old = e.bytes;
                 if !e.dirty {
                     e.dirty = true;
-                    self.dirty.push(key.clone());
+                    self.dirty.push(i);
                 }
                 e.state = state;
                 e.due = due;
@@ -262,20 +347,15 @@ impl Mem {
                 old
             }
             None => {
-                if !self.idle_evicted.is_empty() {
-                    self.idle_evicted.remove(key);
-                }
-                self.dirty.push(key.clone());
-                self.entries.insert(
-                    key.clone(),
-                    Entry {
-                        state,
-                        due,
-                        dirty: true,
-                        tick,
-                        bytes,
-                    },
-                );
+                let entry = Entry {
+                    state,
+                    due,
+                    dirty: true,
+                    tick,
+                    bytes,
+                };
+                let i = self.add(key, entry);
+                self.dirty.push(i);
                 0
             }
         };
@@ -292,9 +372,11 @@ impl Mem {
     {
         self.tick += 1;
         let tick = self.tick;
-        let Some(e) = self.entries.get_mut(key) else {
+        let Some(i) = self.find(key) else {
             return Err(f);
         };
+        // Invariant: an indexed slot holds an entry.
+        let e = self.slots[i as usize].entry.as_mut().expect("indexed slot");
         e.tick = tick;
         let before = (
             e.state.is_some(),
@@ -306,7 +388,7 @@ impl Mem {
         }
         if !e.dirty {
             e.dirty = true;
-            self.dirty.push(key.clone());
+            self.dirty.push(i);
         }
         let after = (
             e.state.is_some(),
@@ -362,19 +444,27 @@ impl Mem {
             return;
         }
         let excess = used - limit * 3 / 4;
-        let mut clean: Vec<(u64, usize, SessionKey)> = self
-            .entries
+        let mut clean: Vec<(u64, usize, u32)> = self
+            .slots
             .iter()
-            .filter(|(_, e)| !e.dirty)
-            .map(|(k, e)| (e.tick, e.bytes, k.clone()))
+            .enumerate()
+            .filter_map(|(i, slot)| {
+                let e = slot.entry.as_ref().filter(|e| !e.dirty)?;
+                Some((e.tick, e.bytes, i as u32))
+            })
             .collect();
         clean.sort_unstable_by_key(|c| c.0);
+        self.last = None;
         let mut freed = 0;
-        for (_, bytes, key) in clean {
+        for (_, bytes, i) in clean {
             if freed >= excess {
                 break;
             }
-            if let Some(e) = self.entries.remove(&key) {
+            let slot = &mut self.slots[i as usize];
+            if let Some(e) = slot.entry.take() {
+                let key = std::mem::replace(&mut slot.key, SessionKey::placeholder());
+                self.index.remove(&key);
+                self.free.push(i);
                 if let Some(s) = &e.state {
                     self.complete = false;
                     if s.round.is_none() && e.due.is_some() {

@@ -319,11 +319,15 @@ fn prepare(db: &DB, state: &mut StoreState) -> Result<(WriteBatch, Prepared), Er
         report.outbox_deletes += 1;
     }
     mem.deleted_below = mem.deleted_below.max(head);
-    sort_keys(&mut mem.dirty);
-    for key in &mem.dirty {
-        // Marked clean here rather than in a second pass by `Mem::sealed` (one lookup per
-        // key): if this write fails, memory is reloaded from RocksDB anyway.
-        let Some(entry) = mem.entries.get_mut(key) else {
+    let dirty = std::mem::take(&mut mem.dirty);
+    let dirty = {
+        let mem = &*mem;
+        in_key_order(dirty, |&i| mem.slot_key(i).as_str())
+    };
+    for &i in &dirty {
+        // Marked clean here rather than in a second pass by `Mem::sealed`: if this write
+        // fails, memory is reloaded from RocksDB anyway.
+        let (key, Some(entry)) = mem.slot_mut(i) else {
             continue;
         };
         entry.dirty = false;
@@ -394,24 +398,22 @@ fn prepare(db: &DB, state: &mut StoreState) -> Result<(WriteBatch, Prepared), Er
     Ok((wb, prepared))
 }
 
-/// Sorts `keys` in byte order (RocksDB's), comparing their first 16 bytes as one integer
-/// first: most session keys are shorter, so most comparisons are one integer compare rather
-/// than a string compare.
-fn sort_keys(keys: &mut [SessionKey]) {
-    fn prefix(k: &SessionKey) -> u128 {
+/// `items` sorted by `key` in byte order (RocksDB's), comparing the keys' first 16 bytes as
+/// one integer first: most session keys are shorter, so most comparisons are one integer
+/// compare rather than a string compare. The integers are computed once per item.
+fn in_key_order<'a, T: Copy>(items: Vec<T>, key: impl Fn(&T) -> &'a str) -> Vec<T> {
+    fn prefix(s: &str) -> u128 {
         let mut b = [0u8; 16];
-        let s = k.as_str().as_bytes();
+        let s = s.as_bytes();
         let n = s.len().min(16);
         b[..n].copy_from_slice(&s[..n]);
         u128::from_be_bytes(b)
     }
+    let mut keyed: Vec<(u128, T)> = items.into_iter().map(|t| (prefix(key(&t)), t)).collect();
     // A prefix padded with zeros sorts as the bytes do, except that "a" and "a\0" tie:
     // ties fall back to the whole key.
-    keys.sort_unstable_by(|a, b| {
-        prefix(a)
-            .cmp(&prefix(b))
-            .then_with(|| a.as_str().cmp(b.as_str()))
-    });
+    keyed.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| key(&a.1).cmp(key(&b.1))));
+    keyed.into_iter().map(|(_, t)| t).collect()
 }
 
 /// What one flush written on the store's writer thread did
@@ -865,7 +867,7 @@ impl PartitionStore {
 
     /// Session keys cached in memory.
     pub fn cached_sessions(&self) -> usize {
-        self.state.mem.entries.len()
+        self.state.mem.cached_len()
     }
 
     /// Starts the changes of one input batch. Nothing changes until [`Batch::commit`].
@@ -904,7 +906,7 @@ impl PartitionStore {
     /// The state of `key` as of the last commit. Errors: [`Error::Read`], [`Error::Corrupt`].
     pub fn session(&self, key: &SessionKey) -> Result<Option<SessionState>, Error> {
         let mem = &self.state.mem;
-        if let Some(e) = mem.entries.get(key) {
+        if let Some(e) = mem.entry(key) {
             return Ok(e.state.clone());
         }
         if mem.complete {
@@ -1301,6 +1303,22 @@ mod tests {
     fn store_and_batch_can_move_into_a_partition_task() {
         assert_send::<PartitionStore>();
         assert_send::<Batch<'static>>();
+    }
+
+    proptest::proptest! {
+        /// The flush's key order is RocksDB's byte order, for keys shorter and longer than
+        /// the 16-byte prefix, with NUL bytes and shared prefixes.
+        #[test]
+        fn flush_keys_sort_in_byte_order(
+            raw in proptest::collection::vec(("[a\\x00]{1,3}", "[a-c\\x00/]{0,20}"), 0..200)
+        ) {
+            let keys: Vec<SessionKey> = raw.iter().map(|(t, s)| SessionKey::new(t, s)).collect();
+            let mut want: Vec<String> = raw.iter().map(|(t, s)| format!("{t}/{s}")).collect();
+            want.sort_unstable_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+            let order = in_key_order((0..keys.len()).collect(), |&i| keys[i].as_str());
+            let got: Vec<&str> = order.iter().map(|&i| keys[i].as_str()).collect();
+            proptest::prop_assert_eq!(got, want.iter().map(String::as_str).collect::<Vec<_>>());
+        }
     }
 
     #[test]

@@ -30,10 +30,12 @@ use super::{
 use crate::codec;
 use crate::store::Change;
 use crate::tiers::TierChange;
+use bytes::{Bytes, BytesMut};
 use futures::future::BoxFuture;
 use std::collections::HashMap;
-use std::io::{BufRead, Write};
+use std::io::{Read, Write};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, Notify};
@@ -41,13 +43,19 @@ use tokio::time::Instant;
 
 const TRANSPORT: &str = "memory";
 
-/// One record as stored in a partition log.
+/// One record as stored in a partition log (shared bytes: a poll hands them out uncopied).
 #[derive(Clone, Debug)]
 struct StoredRecord {
-    key: Option<Vec<u8>>,
-    payload: Vec<u8>,
+    key: Option<Bytes>,
+    payload: Bytes,
     timestamp_ms: i64,
 }
+
+/// Trace lines [`MemoryBroker::load_trace`] appends to one partition under one lock.
+const LOAD_CHUNK: usize = 1024;
+
+/// Bytes [`MemoryBroker::load_trace`] reads at a time.
+const LOAD_READ: usize = 1 << 20;
 
 #[derive(Debug, Default)]
 struct PartitionLog {
@@ -79,6 +87,9 @@ pub struct DeadLetter {
 struct Shared {
     topic: String,
     partitions: Vec<PartitionLog>,
+    /// A trace is being loaded ([`MemoryBroker::load_trace_in_background`]): a poll that
+    /// reaches a log's end does not report it caught up (more records are coming).
+    loading: AtomicBool,
     state: Mutex<State>,
 }
 
@@ -152,6 +163,52 @@ pub struct TraceLoad {
     pub skipped: u64,
 }
 
+/// The record a trace line makes ([`MemoryBroker::load_trace`]): `(partition, has_key, ts)`
+/// with the key `tenant/session` written to `key` when `has_key`; `None` when the line is
+/// not a JSON object or has no usable `"ts"` (epoch ms, or RFC 3339 and other forms of
+/// [`codec::parse_timestamp`]).
+fn trace_record(text: &[u8], key: &mut Vec<u8>) -> Option<(Option<i32>, bool, i64)> {
+    /// The fields of a trace line the broker reads; the rest is the record's payload.
+    #[derive(serde::Deserialize)]
+    struct Line<'a> {
+        #[serde(borrow, default)]
+        tenant: Option<&'a serde_json::value::RawValue>,
+        #[serde(borrow, default)]
+        session: Option<&'a serde_json::value::RawValue>,
+        #[serde(borrow, default)]
+        ts: Option<&'a serde_json::value::RawValue>,
+        #[serde(borrow, default)]
+        partition: Option<&'a serde_json::value::RawValue>,
+    }
+    /// A JSON string's text (`None` for any other JSON value).
+    fn json_str(raw: Option<&serde_json::value::RawValue>) -> Option<std::borrow::Cow<'_, str>> {
+        serde_json::from_str(raw?.get()).ok()
+    }
+    let line = serde_json::from_slice::<Line<'_>>(text).ok()?;
+    // Epoch ms (the usual case) without building a JSON value.
+    let ts = line.ts.and_then(|raw| match raw.get().parse::<i64>() {
+        Ok(ms) => Some(ms),
+        Err(_) => serde_json::from_str::<serde_json::Value>(raw.get())
+            .ok()
+            .and_then(|v| codec::parse_timestamp(&v).ok()),
+    })?;
+    let partition = line
+        .partition
+        .and_then(|raw| raw.get().parse::<i64>().ok())
+        .map(|p| p as i32);
+    let has_key = match (json_str(line.tenant), json_str(line.session)) {
+        (Some(t), Some(s)) => {
+            key.clear();
+            key.extend_from_slice(t.as_bytes());
+            key.push(b'/');
+            key.extend_from_slice(s.as_bytes());
+            true
+        }
+        _ => false,
+    };
+    Some((partition, has_key, ts))
+}
+
 /// The in-memory broker. Cheap to clone; clones share the broker.
 #[derive(Clone, Debug)]
 pub struct MemoryBroker {
@@ -166,6 +223,7 @@ impl MemoryBroker {
             shared: Arc::new(Shared {
                 topic: topic.to_owned(),
                 partitions: (0..n).map(|_| PartitionLog::default()).collect(),
+                loading: AtomicBool::new(false),
                 state: Mutex::new(State {
                     committed: HashMap::new(),
                     sources: HashMap::new(),
@@ -202,24 +260,37 @@ impl MemoryBroker {
         payload: Vec<u8>,
         timestamp_ms: i64,
     ) -> (i32, i64) {
+        let p = self.route(partition, key);
+        let record = StoredRecord {
+            key: key.map(Bytes::copy_from_slice),
+            payload: payload.into(),
+            timestamp_ms,
+        };
+        let offset = self.append(p, &mut vec![record]);
+        (p, offset)
+    }
+
+    /// Partition of a record: `partition` modulo the count, else by `key`, else 0.
+    fn route(&self, partition: Option<i32>, key: Option<&[u8]>) -> i32 {
         let n = self.partitions();
-        let p = match (partition, key) {
+        match (partition, key) {
             (Some(p), _) => p.rem_euclid(n),
             (None, Some(k)) => partition_for_key(k, n),
             (None, None) => 0,
-        };
+        }
+    }
+
+    /// Appends `records` (emptied) to partition `p` under one lock and wakes its pollers;
+    /// returns the offset of the last one.
+    fn append(&self, p: i32, records: &mut Vec<StoredRecord>) -> i64 {
         let log = &self.shared.partitions[p as usize];
         let offset = {
-            let mut records = lock(&log.records);
-            records.push(StoredRecord {
-                key: key.map(<[u8]>::to_vec),
-                payload,
-                timestamp_ms,
-            });
-            records.len() as i64 - 1
+            let mut log_records = lock(&log.records);
+            log_records.append(records);
+            log_records.len() as i64 - 1
         };
         log.appended.notify_waiters();
-        (p, offset)
+        offset
     }
 
     /// Appends an upload keyed `tenant/session` with payload `json` at `timestamp_ms`, routed by key.
@@ -237,85 +308,123 @@ impl MemoryBroker {
     /// `"partition"`. The line itself is the payload (the decoder ignores `ts` and
     /// `partition`); the record key is `tenant/session` when both are strings. Lines whose
     /// upload is invalid are appended anyway (the runtime dead-letters them); lines that are
-    /// not a JSON object or have no usable `ts` are skipped and counted. Blank and `#` lines
-    /// are ignored.
+    /// not a JSON object (non-UTF-8 ones included) or have no usable `ts` are skipped and
+    /// counted. Blank and `#` lines are ignored. The file is read in blocks of 1 MiB and
+    /// each payload shares its block (no copy or allocation per line); records are appended
+    /// to each partition [`LOAD_CHUNK`] at a time, so a consumer polling meanwhile takes
+    /// whole chunks.
     ///
-    /// Errors: reading `input` failed.
-    pub fn load_trace<R: BufRead>(&self, mut input: R) -> std::io::Result<TraceLoad> {
-        /// The fields of a trace line the broker reads; the rest is the record's payload.
-        #[derive(serde::Deserialize)]
-        struct Line<'a> {
-            #[serde(borrow, default)]
-            tenant: Option<&'a serde_json::value::RawValue>,
-            #[serde(borrow, default)]
-            session: Option<&'a serde_json::value::RawValue>,
-            #[serde(borrow, default)]
-            ts: Option<&'a serde_json::value::RawValue>,
-            #[serde(borrow, default)]
-            partition: Option<&'a serde_json::value::RawValue>,
-        }
-        /// A JSON string's text (`None` for any other JSON value).
-        fn json_str(
-            raw: Option<&serde_json::value::RawValue>,
-        ) -> Option<std::borrow::Cow<'_, str>> {
-            serde_json::from_str(raw?.get()).ok()
-        }
+    /// Errors: reading `input` failed (what was loaded before stays appended).
+    pub fn load_trace<R: Read>(&self, mut input: R) -> std::io::Result<TraceLoad> {
         let mut load = TraceLoad::default();
-        let mut buf = String::new();
-        let mut key = String::new();
-        loop {
-            buf.clear();
-            if input.read_line(&mut buf)? == 0 {
-                break;
-            }
-            let text = buf.trim();
-            if text.is_empty() || text.starts_with('#') {
-                continue;
-            }
-            let Ok(line) = serde_json::from_str::<Line<'_>>(text) else {
-                load.skipped += 1;
-                continue;
+        let mut pending: Vec<Vec<StoredRecord>> =
+            (0..self.partitions()).map(|_| Vec::new()).collect();
+        let mut carry = BytesMut::new();
+        let mut block = vec![0u8; LOAD_READ];
+        let mut key = Vec::new();
+        // Record keys are cut from this buffer (one allocation for many keys).
+        let mut keys = BytesMut::new();
+        let result = loop {
+            let n = match input.read(&mut block) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => break Err(e),
             };
-            // Epoch ms (the usual case) without building a JSON value.
-            let ts = line.ts.and_then(|raw| match raw.get().parse::<i64>() {
-                Ok(ms) => Some(ms),
-                Err(_) => serde_json::from_str::<serde_json::Value>(raw.get())
-                    .ok()
-                    .and_then(|v| codec::parse_timestamp(&v).ok()),
-            });
-            let Some(ts) = ts else {
-                load.skipped += 1;
-                continue;
-            };
-            let partition = line
-                .partition
-                .and_then(|raw| raw.get().parse::<i64>().ok())
-                .map(|p| p as i32);
-            let has_key = match (json_str(line.tenant), json_str(line.session)) {
-                (Some(t), Some(s)) => {
-                    key.clear();
-                    key.push_str(&t);
-                    key.push('/');
-                    key.push_str(&s);
-                    true
+            carry.extend_from_slice(&block[..n]);
+            // Whole lines only, but at the end whatever is left is the last line.
+            let cut = if n == 0 {
+                carry.len()
+            } else {
+                match carry.iter().rposition(|&b| b == b'\n') {
+                    Some(i) => i + 1,
+                    None => continue,
                 }
-                _ => false,
             };
-            self.produce(
-                partition,
-                has_key.then_some(key.as_bytes()),
-                text.as_bytes().to_vec(),
-                ts,
-            );
-            load.records += 1;
+            let lines = carry.split_to(cut).freeze();
+            for line in lines.split(|&b| b == b'\n') {
+                let text = line.trim_ascii();
+                if text.is_empty() || text.starts_with(b"#") {
+                    continue;
+                }
+                match trace_record(text, &mut key) {
+                    Some((partition, has_key, ts)) => {
+                        let p = self.route(partition, has_key.then_some(key.as_slice()));
+                        let chunk = &mut pending[p as usize];
+                        chunk.push(StoredRecord {
+                            key: has_key.then(|| {
+                                if keys.capacity() < key.len() {
+                                    keys.reserve(LOAD_READ / 16);
+                                }
+                                keys.extend_from_slice(&key);
+                                keys.split().freeze()
+                            }),
+                            payload: lines.slice_ref(text),
+                            timestamp_ms: ts,
+                        });
+                        if chunk.len() >= LOAD_CHUNK {
+                            self.append(p, chunk);
+                        }
+                        load.records += 1;
+                    }
+                    None => load.skipped += 1,
+                }
+            }
+            if n == 0 {
+                break Ok(load);
+            }
+        };
+        for (p, chunk) in pending.iter_mut().enumerate() {
+            if !chunk.is_empty() {
+                self.append(p as i32, chunk);
+            }
         }
-        Ok(load)
+        result
     }
 
     /// [`MemoryBroker::load_trace`] from a file. Errors: the file cannot be opened or read.
     pub fn load_trace_file(&self, path: &Path) -> std::io::Result<TraceLoad> {
         let file = std::fs::File::open(path)?;
-        self.load_trace(std::io::BufReader::new(file))
+        self.load_trace(file)
+    }
+
+    /// [`MemoryBroker::load_trace`] of `input` (an open file) on a thread of its own, while consumers
+    /// read what is loaded so far: until it ends, a poll that reaches a log's end does not
+    /// report the partition caught up (the trace is a backlog, so partition time stays event
+    /// time, SEMANTICS §3). When it ends (done or failed), every partition's pollers are
+    /// woken. The thread's result is the load's.
+    ///
+    /// Errors: the thread cannot be started (nothing is loaded then).
+    pub fn load_trace_in_background<R: Read + Send + 'static>(
+        &self,
+        input: R,
+    ) -> std::io::Result<std::thread::JoinHandle<std::io::Result<TraceLoad>>> {
+        self.shared.loading.store(true, Ordering::Release);
+        let broker = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("settle-load".into())
+            .spawn(move || {
+                /// Clears the flag however the load ends (a panic included).
+                struct Loaded(MemoryBroker);
+                impl Drop for Loaded {
+                    fn drop(&mut self) {
+                        self.0.shared.loading.store(false, Ordering::Release);
+                        for log in &self.0.shared.partitions {
+                            log.appended.notify_waiters();
+                        }
+                    }
+                }
+                let loaded = Loaded(broker);
+                loaded.0.load_trace(input)
+            });
+        if spawned.is_err() {
+            self.shared.loading.store(false, Ordering::Release);
+        }
+        spawned
+    }
+
+    /// True while [`MemoryBroker::load_trace_in_background`] is loading.
+    pub fn loading(&self) -> bool {
+        self.shared.loading.load(Ordering::Acquire)
     }
 
     /// Offset the next appended record of `partition` will get (the log end).
@@ -577,7 +686,7 @@ impl MemoryInput {
                     timestamp_ms: r.timestamp_ms,
                 })
                 .collect(),
-            caught_up: end == records.len(),
+            caught_up: end == records.len() && !self.broker.loading(),
             skipped: 0,
         };
         drop(records);
@@ -614,9 +723,11 @@ impl PartitionInput for MemoryInput {
         if !wait.is_zero() {
             let _ = tokio::time::timeout(wait, appended).await;
         }
+        // Read before looking: a load that ended by then has appended everything.
+        let loading = self.broker.loading();
         Ok(self.take(max).unwrap_or(InputBatch {
             records: Vec::new(),
-            caught_up: true,
+            caught_up: !loading,
             skipped: 0,
         }))
     }
@@ -799,6 +910,110 @@ mod tests {
             payload: format!("{{\"n\":{n}}}").into_bytes(),
             partition: Some(0),
         }
+    }
+
+    /// Every record of partition `p`'s log as `(key, payload, timestamp)`.
+    fn log_of(broker: &MemoryBroker, p: i32) -> Vec<(Option<String>, String, i64)> {
+        let text = |b: &Bytes| String::from_utf8(b.to_vec()).unwrap();
+        lock(&broker.shared.partitions[p as usize].records)
+            .iter()
+            .map(|r| (r.key.as_ref().map(text), text(&r.payload), r.timestamp_ms))
+            .collect()
+    }
+
+    #[test]
+    fn a_trace_loads_line_by_line_across_read_blocks_and_chunks() {
+        // Enough lines to cross the 1 MiB read block several times and fill many chunks of
+        // both partitions; bad lines among them, a CRLF one, and no newline at the end.
+        let mut trace = Vec::new();
+        let mut want: Vec<Vec<(Option<String>, String, i64)>> = vec![Vec::new(), Vec::new()];
+        let mut skipped = 0;
+        for i in 0..40_000i64 {
+            let line = format!(
+                r#"{{"tenant":"t{}","session":"s{i}","event_id":"e{i}","ts":{}}}"#,
+                i % 7,
+                1_000 + i
+            );
+            let key = format!("t{}/s{i}", i % 7);
+            let p = partition_for_key(key.as_bytes(), 2);
+            want[p as usize].push((Some(key), line.clone(), 1_000 + i));
+            trace.extend_from_slice(line.as_bytes());
+            trace.extend_from_slice(if i % 1000 == 3 { b"\r\n" } else { b"\n" });
+            if i % 5000 == 7 {
+                trace.extend_from_slice(
+                    b"\n# a comment\nnot json\n{\"tenant\":\"t\"}\n\xff\xfe{}\n",
+                );
+                skipped += 3;
+            }
+        }
+        let last = r#"{"session":"no-tenant","ts":"2026-01-01T00:00:00Z","partition":3}"#;
+        want[1].push((None, last.to_owned(), 1_767_225_600_000));
+        trace.extend_from_slice(last.as_bytes());
+        let broker = MemoryBroker::new("uploads", 2);
+        let load = broker.load_trace(&trace[..]).unwrap();
+        assert_eq!(load.records, 40_001);
+        assert_eq!(load.skipped, skipped, "non-JSON, no ts, not UTF-8");
+        assert_eq!(log_of(&broker, 0), want[0]);
+        assert_eq!(log_of(&broker, 1), want[1]);
+    }
+
+    /// A reader that hands out `first`, then blocks until `release` says go (or is dropped),
+    /// then hands out `rest`.
+    struct Gate {
+        first: Option<Vec<u8>>,
+        release: std::sync::mpsc::Receiver<()>,
+        rest: Option<Vec<u8>>,
+    }
+
+    impl Read for Gate {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let next = match (self.first.take(), self.rest.take()) {
+                (Some(b), rest) => {
+                    self.rest = rest;
+                    b
+                }
+                (None, Some(b)) => {
+                    let _ = self.release.recv();
+                    b
+                }
+                (None, None) => return Ok(0),
+            };
+            assert!(next.len() <= buf.len());
+            buf[..next.len()].copy_from_slice(&next);
+            Ok(next.len())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_partition_is_not_caught_up_while_its_trace_loads() {
+        let broker = MemoryBroker::new("uploads", 1);
+        let (go, release) = std::sync::mpsc::channel();
+        let gate = Gate {
+            first: Some(b"{\"tenant\":\"t\",\"session\":\"a\",\"ts\":1}\n".to_vec()),
+            release,
+            rest: Some(b"{\"tenant\":\"t\",\"session\":\"b\",\"ts\":2}\n".to_vec()),
+        };
+        let loader = broker.load_trace_in_background(gate).unwrap();
+        assert!(broker.loading());
+        let mut input = broker.inputs("g", &[0]).pop().unwrap();
+        // The first line is read but waits in its partition's chunk (appended at 1 024 lines
+        // or at the end): the log is empty, and its end is not the trace's end.
+        let mut seen = Vec::new();
+        for _ in 0..2 {
+            let batch = input.poll(10, Duration::from_millis(20)).await.unwrap();
+            assert!(!batch.caught_up, "caught up while the trace loads");
+            seen.extend(batch.records);
+        }
+        go.send(()).unwrap();
+        let load = loader.join().unwrap().unwrap();
+        assert_eq!(load.records, 2);
+        assert!(!broker.loading());
+        let batch = input.poll(10, Duration::from_millis(20)).await.unwrap();
+        seen.extend(batch.records);
+        assert!(batch.caught_up, "caught up once the trace is all there");
+        let keys: Vec<&[u8]> = seen.iter().filter_map(|r| r.key.as_deref()).collect();
+        assert_eq!(keys, [&b"t/a"[..], b"t/b"]);
+        assert_eq!(seen.iter().map(|r| r.offset).collect::<Vec<_>>(), [0, 1]);
     }
 
     #[tokio::test]

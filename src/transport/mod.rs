@@ -54,6 +54,7 @@ pub mod nats;
 
 use crate::store::Change;
 use crate::tiers::TierChange;
+use bytes::Bytes;
 use futures::future::BoxFuture;
 use std::future::Future;
 use std::time::Duration;
@@ -67,9 +68,11 @@ pub struct InputRecord {
     /// Its offset in that partition.
     pub offset: i64,
     /// Record key (`tenant/session` for a well-formed upload), if the record has one.
-    pub key: Option<Vec<u8>>,
-    /// Record value (the upload's JSON object for a well-formed upload).
-    pub payload: Vec<u8>,
+    /// Shared bytes: a transport that already holds the record in a shared buffer (the
+    /// memory broker's log, a NATS message) hands it over without a copy.
+    pub key: Option<Bytes>,
+    /// Record value (the upload's JSON object for a well-formed upload); shared like `key`.
+    pub payload: Bytes,
     /// Record timestamp, ms since the Unix epoch (broker log-append time recommended,
     /// SEMANTICS §3; JetStream: the message timestamp).
     pub timestamp_ms: i64,

@@ -118,8 +118,8 @@ async fn kafka_transport_round_trip() -> Result<()> {
         expected.entry(d.partition).or_default().push(InputRecord {
             partition: d.partition,
             offset: d.offset,
-            key: r.key.clone(),
-            payload: r.payload.clone(),
+            key: r.key.clone().map(Into::into),
+            payload: r.payload.clone().into(),
             timestamp_ms: r.timestamp_ms.unwrap_or_default(),
         });
     }
@@ -168,8 +168,8 @@ async fn kafka_transport_round_trip() -> Result<()> {
     let bad = InputRecord {
         partition: 2,
         offset: 17,
-        key: Some(b"t9/x".to_vec()),
-        payload: b"not json".to_vec(),
+        key: Some(bytes::Bytes::from_static(b"t9/x")),
+        payload: bytes::Bytes::from_static(b"not json"),
         timestamp_ms: t0,
     };
     sink.dead_letter(&bad, "invalid_json").await?;

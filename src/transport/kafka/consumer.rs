@@ -9,6 +9,7 @@ use super::{
     classify, lock, wall_ms, Health, Role, CALL_TIMEOUT, QUEUE_RECHECK, SEEK_START_WAIT, TRANSPORT,
 };
 use crate::transport::{Error, InputBatch, InputRecord, PartitionInput, Source, SourceEvent};
+use bytes::Bytes;
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::base_consumer::PartitionQueue;
@@ -501,8 +502,8 @@ impl Cursor {
                 out.push(InputRecord {
                     partition: m.partition(),
                     offset,
-                    key: m.key().map(<[u8]>::to_vec),
-                    payload: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
+                    key: m.key().map(Bytes::copy_from_slice),
+                    payload: m.payload().map(Bytes::copy_from_slice).unwrap_or_default(),
                     timestamp_ms: m.timestamp().to_millis().unwrap_or_else(wall_ms),
                 });
             }

@@ -315,11 +315,11 @@ impl Sink for KafkaSink {
                 value: Some(&offset),
             });
         let mut out = FutureRecord::to(&self.dead_letter_topic)
-            .payload(record.payload.as_slice())
+            .payload(&record.payload[..])
             .timestamp(record.timestamp_ms)
             .headers(headers);
         if let Some(key) = &record.key {
-            out = out.key(key.as_slice());
+            out = out.key(&key[..]);
         }
         self.deliver(out).await
     }

@@ -305,12 +305,12 @@ impl NatsInput {
                 .headers
                 .as_ref()
                 .and_then(|h| h.get(KEY_HEADER))
-                .map(|v| v.as_str().as_bytes().to_vec());
+                .map(|v| Bytes::copy_from_slice(v.as_str().as_bytes()));
             out.push(InputRecord {
                 partition: self.partition,
                 offset: sseq as i64,
                 key,
-                payload: message.payload.to_vec(),
+                payload: message.payload,
                 timestamp_ms,
             });
         }
