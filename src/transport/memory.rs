@@ -209,6 +209,32 @@ fn trace_record(text: &[u8], key: &mut Vec<u8>) -> Option<(Option<i32>, bool, i6
     Some((partition, has_key, ts))
 }
 
+/// Cuts `file` back to just after its last newline (to empty without one) when it does not
+/// end with a newline; reads only its tail (64 KiB at a time, from the end).
+fn cut_partial_line(file: &std::fs::File) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let len = file.metadata()?.len();
+    let mut end = len;
+    let mut block = vec![0u8; 64 * 1024];
+    while end > 0 {
+        let start = end.saturating_sub(block.len() as u64);
+        let chunk = &mut block[..(end - start) as usize];
+        file.read_exact_at(chunk, start)?;
+        if let Some(i) = chunk.iter().rposition(|&b| b == b'\n') {
+            let keep = start + i as u64 + 1;
+            if keep != len {
+                file.set_len(keep)?;
+            }
+            return Ok(());
+        }
+        end = start;
+    }
+    if len > 0 {
+        file.set_len(0)?;
+    }
+    Ok(())
+}
+
 /// The in-memory broker. Cheap to clone; clones share the broker.
 #[derive(Clone, Debug)]
 pub struct MemoryBroker {
@@ -565,14 +591,19 @@ impl MemoryBroker {
     }
 
     /// Also appends each acknowledged ready record's payload as one line to `path` (created
-    /// if missing, appended otherwise), written before the publish resolves.
+    /// if missing, appended otherwise), written before the publish resolves. A file that does
+    /// not end with a newline is first cut back to its last one: a process killed during a
+    /// write leaves part of a line, and no publish whose line was in that write had resolved
+    /// (the records are still owed, and published again by the next run).
     ///
-    /// Errors: the file cannot be opened.
+    /// Errors: the file cannot be opened, read or cut.
     pub fn tee_output(&self, path: &Path) -> std::io::Result<()> {
         let file = std::fs::OpenOptions::new()
             .create(true)
+            .read(true)
             .append(true)
             .open(path)?;
+        cut_partial_line(&file)?;
         lock(&self.shared.state).tee = Some(Tee {
             file,
             buffer: Vec::new(),
@@ -910,6 +941,27 @@ mod tests {
             payload: format!("{{\"n\":{n}}}").into_bytes(),
             partition: Some(0),
         }
+    }
+
+    #[tokio::test]
+    async fn a_partial_last_line_of_the_output_is_cut_before_appending() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.jsonl");
+        // As a process killed in the middle of a write leaves it.
+        std::fs::write(&path, "{\"n\":1}\n{\"n\":2}\n{\"n\":3,\"pol").unwrap();
+        let broker = MemoryBroker::new("uploads", 1);
+        broker.tee_output_only(&path).unwrap();
+        broker.sink().publish(message(4)).await.unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "{\"n\":1}\n{\"n\":2}\n{\"n\":4}\n"
+        );
+        // Whole lines stay; a file that is one partial line becomes empty first.
+        broker.tee_output_only(&path).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 3);
+        std::fs::write(&path, "{\"n\":1").unwrap();
+        broker.tee_output_only(&path).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "");
     }
 
     /// Every record of partition `p`'s log as `(key, payload, timestamp)`.
