@@ -319,11 +319,13 @@ fn prepare(db: &DB, state: &mut StoreState) -> Result<(WriteBatch, Prepared), Er
         report.outbox_deletes += 1;
     }
     mem.deleted_below = mem.deleted_below.max(head);
-    let dirty = std::mem::take(&mut mem.dirty);
-    let dirty = {
+    // Taken out for the loop (which changes the entries), put back empty after it: its
+    // allocation serves the next flush.
+    let mut dirty = std::mem::take(&mut mem.dirty);
+    {
         let mem = &*mem;
-        in_key_order(dirty, |&i| mem.slot_key(i).as_str())
-    };
+        sort_in_key_order(&mut dirty, |&i| mem.slot_key(i).as_str());
+    }
     for &i in &dirty {
         // Marked clean here rather than in a second pass by `Mem::sealed`: if this write
         // fails, memory is reloaded from RocksDB anyway.
@@ -340,6 +342,8 @@ fn prepare(db: &DB, state: &mut StoreState) -> Result<(WriteBatch, Prepared), Er
         }
         report.sessions += 1;
     }
+    dirty.clear();
+    mem.dirty = dirty;
     let mut tenants: Vec<&Box<str>> = mem.dirty_tenants.iter().collect();
     tenants.sort_unstable();
     for name in tenants {
@@ -398,10 +402,10 @@ fn prepare(db: &DB, state: &mut StoreState) -> Result<(WriteBatch, Prepared), Er
     Ok((wb, prepared))
 }
 
-/// `items` sorted by `key` in byte order (RocksDB's), comparing the keys' first 16 bytes as
+/// Sorts `items` by `key` in byte order (RocksDB's), comparing the keys' first 16 bytes as
 /// one integer first: most session keys are shorter, so most comparisons are one integer
 /// compare rather than a string compare. The integers are computed once per item.
-fn in_key_order<'a, T: Copy>(items: Vec<T>, key: impl Fn(&T) -> &'a str) -> Vec<T> {
+fn sort_in_key_order<'a, T: Copy>(items: &mut [T], key: impl Fn(&T) -> &'a str) {
     fn prefix(s: &str) -> u128 {
         let mut b = [0u8; 16];
         let s = s.as_bytes();
@@ -409,11 +413,13 @@ fn in_key_order<'a, T: Copy>(items: Vec<T>, key: impl Fn(&T) -> &'a str) -> Vec<
         b[..n].copy_from_slice(&s[..n]);
         u128::from_be_bytes(b)
     }
-    let mut keyed: Vec<(u128, T)> = items.into_iter().map(|t| (prefix(key(&t)), t)).collect();
+    let mut keyed: Vec<(u128, T)> = items.iter().map(|t| (prefix(key(t)), *t)).collect();
     // A prefix padded with zeros sorts as the bytes do, except that "a" and "a\0" tie:
     // ties fall back to the whole key.
     keyed.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| key(&a.1).cmp(key(&b.1))));
-    keyed.into_iter().map(|(_, t)| t).collect()
+    for (item, (_, t)) in items.iter_mut().zip(keyed) {
+        *item = t;
+    }
 }
 
 /// What one flush written on the store's writer thread did
@@ -1315,7 +1321,8 @@ mod tests {
             let keys: Vec<SessionKey> = raw.iter().map(|(t, s)| SessionKey::new(t, s)).collect();
             let mut want: Vec<String> = raw.iter().map(|(t, s)| format!("{t}/{s}")).collect();
             want.sort_unstable_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
-            let order = in_key_order((0..keys.len()).collect(), |&i| keys[i].as_str());
+            let mut order: Vec<usize> = (0..keys.len()).collect();
+            sort_in_key_order(&mut order, |&i| keys[i].as_str());
             let got: Vec<&str> = order.iter().map(|&i| keys[i].as_str()).collect();
             proptest::prop_assert_eq!(got, want.iter().map(String::as_str).collect::<Vec<_>>());
         }
