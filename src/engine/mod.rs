@@ -27,11 +27,13 @@
 pub mod learn;
 pub mod partition;
 pub mod policy;
+pub mod timers;
 pub mod types;
 
 pub use learn::{LearnSummary, TenantAges, TenantStats, MAX_LEARNED_TENANTS};
 pub use partition::{Driver, DriverStats, MemTable, SessionTable};
 pub use policy::{PolicySpec, PolicyTable, DEFAULT_STATE_TTL_MS};
+pub use timers::TimerQueue;
 pub use types::{
     CallTrack, Emission, Millis, Part, PolicyName, Round, SessionKey, SessionState, Trigger, Upload,
 };

@@ -14,10 +14,10 @@
 //! records the interval the upload observed (`engine::learn`).
 
 use super::learn::{TenantAges, TenantStats, MAX_LEARNED_TENANTS};
+use super::timers::TimerQueue;
 use super::types::{Emission, Millis, SessionKey, SessionState, Upload};
 use super::{Applied, Engine, Step};
 use rustc_hash::FxHashMap;
-use std::collections::btree_map::{BTreeMap, Entry};
 
 /// Per-key state and timers of one partition, as the driver needs them. Implementations may
 /// buffer changes (the store batches them into one write per input batch).
@@ -295,21 +295,20 @@ impl Driver {
     }
 }
 
-/// An in-memory [`SessionTable`]: a hash map of states, an ordered set of timers, and the
-/// tenants' learned-delay statistics with their eviction order.
+/// An in-memory [`SessionTable`]: a hash map of states with each key's timer, the timer
+/// index, and the tenants' learned-delay statistics with their eviction order.
 ///
 /// States live in one vector of slots indexed from the map ([`Sessions`]), so that growing the
 /// map moves small entries, not states (hundreds of bytes each), and no state is an allocation
-/// of its own. Timers are grouped by due time ([`TimerIndex`]), and the earliest due time is
-/// cached: [`SessionTable::first_due`] is asked before every upload, and most of the time
-/// nothing is due, so it answers without walking the tree.
+/// of its own. A key has one timer at most (setting one replaces the previous), kept in its
+/// slot; the index of all timers in firing order is a lazy calendar queue
+/// ([`TimerQueue`]): a cancelled or moved timer leaves a stale entry there that is dropped
+/// when it comes to the front. [`SessionTable::first_due`] is asked before every upload and
+/// most of the time nothing is due: it then looks no key up.
 #[derive(Clone, Debug, Default)]
 pub struct MemTable {
     sessions: Sessions,
-    timers: TimerIndex,
-    /// `Some(d)`: `d` is the due time of the first timer (or `Millis::MAX` with none);
-    /// `None`: unknown (the first timer was removed), read from `timers` on the next ask.
-    first_due: Option<Millis>,
+    timers: TimerQueue,
     tenants: FxHashMap<Box<str>, TenantStats>,
     tenant_ages: TenantAges,
 }
@@ -342,13 +341,12 @@ impl MemTable {
 
     /// Due time of the earliest timer.
     pub fn next_due(&self) -> Option<Millis> {
-        self.timers.first().map(|(d, _)| *d)
+        self.timers.peek(|k| self.sessions.due(k)).map(|(d, _)| d)
     }
 
     /// Due time of the earliest timer belonging to an open round (ignores state expiry).
     pub fn next_round_due(&self) -> Option<Millis> {
-        self.timers
-            .iter()
+        self.timers()
             .find(|(_, k)| self.sessions.get(k).is_some_and(|s| s.round.is_some()))
             .map(|(d, _)| *d)
     }
@@ -362,9 +360,16 @@ impl MemTable {
             .max()
     }
 
-    /// All timers in firing order, `(due, key)`.
+    /// All timers in firing order, `(due, key)`. Collects and sorts them: O(n log n).
     pub fn timers(&self) -> impl Iterator<Item = &(Millis, SessionKey)> {
-        self.timers.iter()
+        let mut live: Vec<&(Millis, SessionKey)> = self
+            .timers
+            .iter_unordered()
+            .filter(|(d, k)| self.sessions.due(k) == Some(*d))
+            .collect();
+        live.sort_unstable();
+        live.dedup();
+        live.into_iter()
     }
 
     /// The learned-delay statistics of `tenant`, if kept.
@@ -375,6 +380,14 @@ impl MemTable {
     /// Number of tenants with learned-delay statistics (at most [`MAX_LEARNED_TENANTS`]).
     pub fn tenant_count(&self) -> usize {
         self.tenants.len()
+    }
+
+    /// Drops the timer index's stale entries once they may outnumber the live ones.
+    fn compact_timers(&mut self) {
+        if self.timers.needs_compaction() {
+            let sessions = &self.sessions;
+            self.timers.compact(|k| sessions.due(k));
+        }
     }
 }
 
@@ -387,7 +400,7 @@ impl SessionTable for MemTable {
 
     fn put(&mut self, key: &SessionKey, state: &SessionState) -> Result<(), Self::Error> {
         match self.sessions.index.get(key) {
-            Some(&i) => self.sessions.slot(i).clone_from(state),
+            Some(&i) => self.sessions.slot(i).state.clone_from(state),
             None => self.sessions.insert(key, state.clone()),
         }
         Ok(())
@@ -405,7 +418,7 @@ impl SessionTable for MemTable {
     ) -> Result<R, Self::Error> {
         match self.sessions.index.get(key) {
             Some(&i) => {
-                let slot = self.sessions.slot(i);
+                let slot = &mut self.sessions.slot(i).state;
                 let mut state = Some(std::mem::take(slot));
                 let (r, _) = f(&mut state);
                 match state {
@@ -425,33 +438,35 @@ impl SessionTable for MemTable {
         }
     }
 
+    /// One timer per key: a timer set for a key that has one replaces it.
     fn set_timer(&mut self, due: Millis, key: &SessionKey) -> Result<(), Self::Error> {
-        self.timers.insert(due, key);
-        if let Some(first) = &mut self.first_due {
-            *first = (*first).min(due);
+        match self.sessions.set_due(key, Some(due)) {
+            Some(old) if old == due => return Ok(()),
+            Some(_) => self.timers.note_cancel(),
+            None => {}
         }
+        self.timers.push(due, key.clone());
+        self.compact_timers();
         Ok(())
     }
 
+    /// Cancels `key`'s timer if it is the one due at `due` (otherwise nothing changes).
     fn cancel_timer(&mut self, due: Millis, key: &SessionKey) -> Result<(), Self::Error> {
-        if self.timers.remove(due, key) && self.first_due == Some(due) {
-            self.first_due = None;
+        if self.sessions.due(key) == Some(due) {
+            self.sessions.set_due(key, None);
+            self.timers.note_cancel();
+            self.compact_timers();
         }
         Ok(())
     }
 
     fn first_due(&mut self, now: Millis) -> Result<Option<(Millis, SessionKey)>, Self::Error> {
-        let first = *self
-            .first_due
-            .get_or_insert_with(|| self.timers.first().map_or(Millis::MAX, |(d, _)| *d));
-        if first > now {
-            return Ok(None);
-        }
-        Ok(self.timers.first().filter(|(d, _)| *d <= now).cloned())
+        let sessions = &self.sessions;
+        Ok(self.timers.first_due(now, |k| sessions.due(k)))
     }
 
     fn has_timer(&mut self, due: Millis, key: &SessionKey) -> Result<bool, Self::Error> {
-        Ok(self.timers.contains(due, key))
+        Ok(self.sessions.due(key) == Some(due))
     }
 
     fn tenant_stats(&mut self, tenant: &str) -> Result<Option<TenantStats>, Self::Error> {
@@ -481,14 +496,24 @@ impl SessionTable for MemTable {
     }
 }
 
-/// The states of a [`MemTable`]: `index` maps a key to its slot number; slots are kept in
-/// chunks of [`SLOTS_PER_CHUNK`] that never move once allocated (growing copies no state).
-/// Slots of forgotten keys (reset to the default state) are listed in `free` and used first.
+/// The states of a [`MemTable`] and each key's timer: `index` maps a key to its slot
+/// number; slots are kept in chunks of [`SLOTS_PER_CHUNK`] that never move once allocated
+/// (growing copies no state). Slots of forgotten keys (reset to the default state) are listed
+/// in `free` and used first. The timer of a key without state (which only a caller other than
+/// the driver sets) is kept in `stateless` until the key gets a state or the timer goes.
 #[derive(Clone, Debug, Default)]
 struct Sessions {
     index: FxHashMap<SessionKey, u32>,
-    chunks: Vec<Vec<SessionState>>,
+    chunks: Vec<Vec<Slot>>,
     free: Vec<u32>,
+    stateless: FxHashMap<SessionKey, Millis>,
+}
+
+/// One key's state and timer (ms).
+#[derive(Clone, Debug, Default)]
+struct Slot {
+    state: SessionState,
+    due: Option<Millis>,
 }
 
 /// Slots per chunk of [`Sessions`] (a power of two).
@@ -496,29 +521,55 @@ const SLOTS_PER_CHUNK: usize = 4096;
 
 impl Sessions {
     fn get(&self, key: &SessionKey) -> Option<&SessionState> {
-        self.index.get(key).map(|&i| self.at(i))
+        self.index.get(key).map(|&i| &self.at(i).state)
     }
 
-    fn at(&self, i: u32) -> &SessionState {
+    fn at(&self, i: u32) -> &Slot {
         let i = i as usize;
         &self.chunks[i / SLOTS_PER_CHUNK][i % SLOTS_PER_CHUNK]
     }
 
-    fn slot(&mut self, i: u32) -> &mut SessionState {
+    fn slot(&mut self, i: u32) -> &mut Slot {
         let i = i as usize;
         &mut self.chunks[i / SLOTS_PER_CHUNK][i % SLOTS_PER_CHUNK]
     }
 
-    /// Every state held, in no particular order.
-    fn states(&self) -> impl Iterator<Item = &SessionState> {
-        self.index.values().map(|&i| self.at(i))
+    /// The timer (ms) of `key`, if it has one.
+    fn due(&self, key: &SessionKey) -> Option<Millis> {
+        match self.index.get(key) {
+            Some(&i) => self.at(i).due,
+            None if self.stateless.is_empty() => None,
+            None => self.stateless.get(key).copied(),
+        }
     }
 
-    /// Adds the state of a key that has none.
+    /// Sets (or with `None` removes) the timer of `key`; returns the one it had.
+    fn set_due(&mut self, key: &SessionKey, due: Option<Millis>) -> Option<Millis> {
+        if let Some(&i) = self.index.get(key) {
+            return std::mem::replace(&mut self.slot(i).due, due);
+        }
+        match due {
+            Some(d) => self.stateless.insert(key.clone(), d),
+            None => self.stateless.remove(key),
+        }
+    }
+
+    /// Every state held, in no particular order.
+    fn states(&self) -> impl Iterator<Item = &SessionState> {
+        self.index.values().map(|&i| &self.at(i).state)
+    }
+
+    /// Adds the state of a key that has none (its timer moves into its slot).
     fn insert(&mut self, key: &SessionKey, state: SessionState) {
+        let due = if self.stateless.is_empty() {
+            None
+        } else {
+            self.stateless.remove(key)
+        };
+        let slot = Slot { state, due };
         let i = match self.free.pop() {
             Some(i) => {
-                *self.slot(i) = state;
+                *self.slot(i) = slot;
                 i
             }
             None => {
@@ -534,115 +585,21 @@ impl Sessions {
                 // Invariant: a chunk with room was pushed just above; fewer than 2^32 keys
                 // live in one partition's memory (each takes hundreds of bytes).
                 let chunk = chunk.expect("a chunk with room");
-                chunk.push(state);
+                chunk.push(slot);
                 u32::try_from(used + chunk.len() - 1).expect("fewer than 2^32 sessions")
             }
         };
         self.index.insert(key.clone(), i);
     }
 
-    /// Forgets `key` (no-op without state).
+    /// Forgets `key`'s state (no-op without state); its timer, if any, stays.
     fn remove(&mut self, key: &SessionKey) {
         if let Some(i) = self.index.remove(key) {
-            *self.slot(i) = SessionState::default();
+            let slot = std::mem::take(self.slot(i));
+            if let Some(d) = slot.due {
+                self.stateless.insert(key.clone(), d);
+            }
             self.free.push(i);
         }
-    }
-}
-
-/// Timers in `(due, key)` order, grouped by due time: the tree compares integers only, and
-/// keys are compared only among the timers due in the same millisecond (usually none).
-#[derive(Clone, Debug, Default)]
-struct TimerIndex {
-    by_due: BTreeMap<Millis, DueTimers>,
-}
-
-/// The timers of one due time, in key order.
-#[derive(Clone, Debug)]
-enum DueTimers {
-    /// The common case: one key due at that time (no allocation).
-    One((Millis, SessionKey)),
-    /// Two or more, sorted by key.
-    Many(Vec<(Millis, SessionKey)>),
-}
-
-impl DueTimers {
-    fn as_slice(&self) -> &[(Millis, SessionKey)] {
-        match self {
-            DueTimers::One(t) => std::slice::from_ref(t),
-            DueTimers::Many(v) => v,
-        }
-    }
-}
-
-impl TimerIndex {
-    /// Adds `(due, key)` (no-op when present).
-    fn insert(&mut self, due: Millis, key: &SessionKey) {
-        let slot = match self.by_due.entry(due) {
-            Entry::Vacant(e) => {
-                e.insert(DueTimers::One((due, key.clone())));
-                return;
-            }
-            Entry::Occupied(e) => e.into_mut(),
-        };
-        match slot {
-            DueTimers::One((_, k)) if k == key => {}
-            DueTimers::One(t) => {
-                let mut both = vec![t.clone(), (due, key.clone())];
-                both.sort_by(|a, b| a.1.cmp(&b.1));
-                *slot = DueTimers::Many(both);
-            }
-            DueTimers::Many(v) => {
-                if let Err(i) = v.binary_search_by(|(_, k)| k.cmp(key)) {
-                    v.insert(i, (due, key.clone()));
-                }
-            }
-        }
-    }
-
-    /// Removes `(due, key)`; whether it was there.
-    fn remove(&mut self, due: Millis, key: &SessionKey) -> bool {
-        let Entry::Occupied(mut e) = self.by_due.entry(due) else {
-            return false;
-        };
-        match e.get_mut() {
-            DueTimers::One((_, k)) => {
-                if k != key {
-                    return false;
-                }
-                e.remove();
-            }
-            DueTimers::Many(v) => {
-                let Ok(i) = v.binary_search_by(|(_, k)| k.cmp(key)) else {
-                    return false;
-                };
-                v.remove(i);
-                if let [only] = v.as_mut_slice() {
-                    let only = only.clone();
-                    *e.get_mut() = DueTimers::One(only);
-                }
-            }
-        }
-        true
-    }
-
-    /// Whether `(due, key)` is present.
-    fn contains(&self, due: Millis, key: &SessionKey) -> bool {
-        self.by_due.get(&due).is_some_and(|d| match d {
-            DueTimers::One((_, k)) => k == key,
-            DueTimers::Many(v) => v.binary_search_by(|(_, k)| k.cmp(key)).is_ok(),
-        })
-    }
-
-    /// The first timer in `(due, key)` order.
-    fn first(&self) -> Option<&(Millis, SessionKey)> {
-        self.by_due
-            .first_key_value()
-            .and_then(|(_, d)| d.as_slice().first())
-    }
-
-    /// Every timer in `(due, key)` order.
-    fn iter(&self) -> impl Iterator<Item = &(Millis, SessionKey)> {
-        self.by_due.values().flat_map(DueTimers::as_slice)
     }
 }

@@ -491,6 +491,7 @@ fn a_stale_timer_from_an_older_policy_fires_once_and_is_replaced() {
 
 #[test]
 fn mem_table_timers_keep_due_then_key_order_within_one_millisecond() {
+    // One timer per key, as in the store: a key's second timer replaces its first.
     let mut t = MemTable::new();
     for (due, k) in [(5, "c"), (5, "a"), (3, "z"), (5, "b"), (5, "a"), (9, "a")] {
         t.set_timer(due, &key(k)).unwrap();
@@ -503,21 +504,20 @@ fn mem_table_timers_keep_due_then_key_order_within_one_millisecond() {
     let expect = |v: &[(Millis, &str)]| -> Vec<(Millis, String)> {
         v.iter().map(|(d, k)| (*d, (*k).to_owned())).collect()
     };
-    assert_eq!(
-        all(&t),
-        expect(&[(3, "z"), (5, "a"), (5, "b"), (5, "c"), (9, "a")])
-    );
+    assert_eq!(all(&t), expect(&[(3, "z"), (5, "b"), (5, "c"), (9, "a")]));
     assert_eq!(t.first_due(4).unwrap(), Some((3, key("z"))));
     assert_eq!(t.first_due(2).unwrap(), None);
-    // Removing the first timer makes the next one first (the cached due is refreshed).
+    // Removing the first timer makes the next one first.
     t.cancel_timer(3, &key("z")).unwrap();
     assert_eq!(t.first_due(4).unwrap(), None);
-    assert_eq!(t.first_due(5).unwrap(), Some((5, key("a"))));
+    assert_eq!(t.first_due(5).unwrap(), Some((5, key("b"))));
+    assert!(t.has_timer(9, &key("a")).unwrap());
+    assert!(!t.has_timer(5, &key("a")).unwrap(), "replaced by 9");
     t.cancel_timer(5, &key("b")).unwrap();
     t.cancel_timer(5, &key("x")).unwrap(); // not there: nothing changes
-    t.cancel_timer(6, &key("a")).unwrap();
-    assert_eq!(all(&t), expect(&[(5, "a"), (5, "c"), (9, "a")]));
-    t.cancel_timer(5, &key("a")).unwrap();
+    t.cancel_timer(6, &key("a")).unwrap(); // not a's timer: nothing changes
+    t.cancel_timer(5, &key("a")).unwrap(); // nor this one
+    assert_eq!(all(&t), expect(&[(5, "c"), (9, "a")]));
     assert_eq!(t.first_due(Millis::MAX).unwrap(), Some((5, key("c"))));
     t.cancel_timer(5, &key("c")).unwrap();
     t.set_timer(1, &key("q")).unwrap();

@@ -168,25 +168,30 @@ impl<'s> Batch<'s> {
     /// The timers with `due < before` (ms) as of the batch's writes (the store's index
     /// without the timers the batch cancelled, plus the ones it set), grouped by tenant as
     /// [`super::PartitionStore::overdue_timers`] groups the committed ones: per tenant its
-    /// earliest `per_tenant` timers and whether it has more. A timer the batch fired is not
-    /// in it. Walks the index up to `before`; copies at most `per_tenant` keys per tenant.
-    /// Errors: none today (kept for a store that pages its index).
+    /// earliest `per_tenant` timers and whether it has more. Walks the index up to `before`;
+    /// copies at most `per_tenant` keys per tenant. In place (write-behind), a group may
+    /// hold a timer that is gone (fired or moved since it was set): the index is not asked
+    /// for each key; the runtime's catch-up queue checks [`SessionTable::has_timer`] before
+    /// it fires one. Errors: none today (kept for a store that pages its index).
     pub fn overdue_timers(
-        &self,
+        &mut self,
         before: Millis,
         per_tenant: usize,
     ) -> Result<Vec<TenantTimers>, Error> {
         if self.in_place {
-            return Ok(self.state.mem.overdue_timers(before, per_tenant));
+            return Ok(self.state.mem.overdue_timers_mut(before, per_tenant));
         }
-        let committed = self
+        let dels = &self.timer_dels;
+        let committed: Vec<(Millis, SessionKey)> = self
             .state
             .mem
-            .timers
-            .iter()
-            .filter(|t| !self.timer_dels.contains(*t));
+            .walk_timers()
+            .take_while(|(due, _)| *due < before)
+            .filter(|t| !dels.contains(*t))
+            .cloned()
+            .collect();
         let merged = Merged {
-            a: committed.peekable(),
+            a: committed.iter().peekable(),
             b: self.timer_puts.iter().peekable(),
         };
         Ok(group_by_tenant(
@@ -206,26 +211,20 @@ impl<'s> Batch<'s> {
         before: Millis,
         n: usize,
     ) -> bool {
-        let from = (Bound::Included(first), Bound::Unbounded);
         if self.in_place {
-            return self
-                .state
-                .mem
-                .timers
-                .range::<(Millis, SessionKey), _>(from)
-                .take_while(|(due, _)| *due < before)
-                .take(n)
-                .count()
-                >= n;
+            // Every live timer comes at or after `first`, the first of them.
+            return self.state.mem.timers_due_before_at_least(before, n);
         }
-        let committed = self
-            .state
-            .mem
-            .timers
-            .range::<(Millis, SessionKey), _>(from)
-            .filter(|t| !self.timer_dels.contains(*t));
+        let from = (Bound::Included(first), Bound::Unbounded);
+        let mem = &self.state.mem;
+        let committed: Vec<(Millis, SessionKey)> = mem
+            .timers(usize::MAX)
+            .into_iter()
+            .filter(|t| t >= first && t.0 < before && !self.timer_dels.contains(t))
+            .take(n)
+            .collect();
         let merged = Merged {
-            a: committed.peekable(),
+            a: committed.iter().peekable(),
             b: self
                 .timer_puts
                 .range::<(Millis, SessionKey), _>(from)
@@ -262,13 +261,10 @@ impl<'s> Batch<'s> {
             tenants,
             ..
         } = self;
+        // The timer index follows each key's due (`Mem::set`); the batch's view of it
+        // (`timer_puts`, `timer_dels`) is done.
+        drop((timer_puts, timer_dels));
         let mem = &mut state.mem;
-        for t in &timer_dels {
-            mem.timers.remove(t);
-        }
-        for t in timer_puts {
-            mem.timers.insert(t);
-        }
         let (mut sessions, mut open_rounds) =
             (mem.current.sessions as i64, mem.current.open_rounds as i64);
         for (key, slot) in slots {
@@ -337,17 +333,20 @@ impl<'s> Batch<'s> {
         keys: impl IntoIterator<Item = &'k SessionKey>,
     ) -> Result<usize, Error> {
         const MAX_PREFETCH: usize = 4096;
-        if self.state.mem.complete {
+        if self.state.mem.evicted.is_empty() {
             // Nothing with state was evicted: a key the cache lacks has no state.
             return Ok(0);
         }
         let mem = &self.state.mem;
+        // Evicted keys whose state must be read (an idle one expires without a read).
         let mut missing: Vec<&'k SessionKey> = keys
             .into_iter()
             .filter(|k| {
                 !self.slots.contains_key(*k)
-                    && !mem.is_cached(k)
-                    && !mem.idle_evicted.contains_key(*k)
+                    && mem
+                        .evicted
+                        .get(*k)
+                        .is_some_and(|e| e.idle_since().is_none())
             })
             .take(MAX_PREFETCH)
             .collect();
@@ -413,13 +412,14 @@ impl<'s> Batch<'s> {
             Err(f) => f,
         };
         let mem = &mut self.state.mem;
-        let (state, due) = if mem.complete {
-            (None, None)
-        } else {
+        // A key neither cached nor evicted has no state: no read.
+        let (state, due) = if mem.is_evicted(key) {
             match read_session(self.db, key)? {
                 Some((due, state)) => (Some(state), due),
                 None => (None, None),
             }
+        } else {
+            (None, None)
         };
         mem.insert_clean(key, state, due);
         match mem.change(key, f) {
@@ -438,10 +438,10 @@ impl<'s> Batch<'s> {
             Entry::Occupied(e) => Ok(e.into_mut()),
             Entry::Vacant(e) => {
                 let mem = &mut self.state.mem;
-                let complete = mem.complete;
+                let evicted = mem.is_evicted(key);
                 let (current, due, from_disk) = match mem.touch(key) {
                     Some(entry) => (entry.state.clone(), entry.due, false),
-                    None if complete => (None, None, false),
+                    None if !evicted => (None, None, false),
                     None => match read_session(self.db, key)? {
                         Some((due, state)) => (Some(state), due, true),
                         None => (None, None, true),
@@ -512,14 +512,14 @@ impl<'s> Batch<'s> {
     /// The first timer of the index not cancelled by the batch.
     fn index_head(&mut self) -> Option<&(Millis, SessionKey)> {
         if let Head::Unknown { after } = &self.head {
-            let timers = &self.state.mem.timers;
-            let range = match after {
-                Some(a) => timers.range((Bound::Excluded(a), Bound::Unbounded)),
-                None => timers.range::<(Millis, SessionKey), _>(..),
-            };
-            let found = range.into_iter().find(|t| !self.timer_dels.contains(*t));
+            let after = after.clone();
+            let dels = &self.timer_dels;
+            let found = self
+                .state
+                .mem
+                .first_timer_after(after.as_ref(), |t| !dels.contains(t));
             self.head = match found {
-                Some(t) => Head::At(t.clone()),
+                Some(t) => Head::At(t),
                 None => Head::End,
             };
         }
@@ -538,7 +538,7 @@ impl<'s> Batch<'s> {
                 after: Some(t.clone()),
             };
         }
-        if self.state.mem.timers.contains(&t) {
+        if self.state.mem.has_timer(t.0, &t.1) {
             self.timer_dels.insert(t);
         }
     }
@@ -602,15 +602,8 @@ impl SessionTable for Batch<'_> {
 
     fn set_timer(&mut self, due: Millis, key: &SessionKey) -> Result<(), Error> {
         if self.in_place {
-            let old = self.change(key, |_, d| (d.replace(due), true))?;
-            if old == Some(due) {
-                return Ok(());
-            }
-            let timers = &mut self.state.mem.timers;
-            if let Some(old) = old {
-                timers.remove(&(old, key.clone()));
-            }
-            timers.insert((due, key.clone()));
+            // The store's timer index follows the entry's due (`Mem::change`).
+            self.change(key, |_, d| (d.replace(due), true))?;
             return Ok(());
         }
         let slot = self.slot(key)?;
@@ -639,7 +632,6 @@ impl SessionTable for Batch<'_> {
                 }
             })?;
             self.state.stale = true;
-            self.state.mem.timers.remove(&(due, key.clone()));
             return Ok(());
         }
         let slot = self.slot(key)?;
@@ -711,10 +703,11 @@ impl SessionTable for Batch<'_> {
     ) -> Result<bool, Error> {
         if self.in_place {
             let mem = &mut self.state.mem;
-            let Some(&last_upload_at) = mem.idle_evicted.get(key) else {
+            let idle = mem.evicted.get(key).and_then(|e| e.idle_since());
+            let Some(last_upload_at) = idle else {
                 return Ok(false);
             };
-            if mem.is_cached(key) || !expired(last_upload_at) {
+            if !expired(last_upload_at) {
                 return Ok(false);
             }
             // The stored state (no round open) is gone; the timer stays until the caller
@@ -726,13 +719,13 @@ impl SessionTable for Batch<'_> {
             return Ok(true);
         }
         let mem = &self.state.mem;
-        if mem.idle_evicted.is_empty() || self.slots.contains_key(key) {
+        if mem.evicted.is_empty() || self.slots.contains_key(key) {
             return Ok(false);
         }
-        let Some(&last_upload_at) = mem.idle_evicted.get(key) else {
+        let Some(last_upload_at) = mem.evicted.get(key).and_then(|e| e.idle_since()) else {
             return Ok(false);
         };
-        if mem.is_cached(key) || !expired(last_upload_at) {
+        if !expired(last_upload_at) {
             return Ok(false);
         }
         // As `delete` after a read would leave it: the stored state (no round open) is gone,
@@ -751,18 +744,17 @@ impl SessionTable for Batch<'_> {
     }
 
     fn has_timer(&mut self, due: Millis, key: &SessionKey) -> Result<bool, Error> {
-        let t = (due, key.clone());
         if self.in_place {
-            return Ok(self.state.mem.timers.contains(&t));
+            return Ok(self.state.mem.has_timer(due, key));
         }
+        let t = (due, key.clone());
         Ok(self.timer_puts.contains(&t)
-            || (!self.timer_dels.contains(&t) && self.state.mem.timers.contains(&t)))
+            || (!self.timer_dels.contains(&t) && self.state.mem.has_timer(due, key)))
     }
 
     fn first_due(&mut self, now: Millis) -> Result<Option<(Millis, SessionKey)>, Error> {
         if self.in_place {
-            let first = self.state.mem.timers.first();
-            return Ok(first.filter(|(due, _)| *due <= now).cloned());
+            return Ok(self.state.mem.first_due(now));
         }
         self.index_head();
         let head = match &self.head {

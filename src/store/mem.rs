@@ -6,15 +6,18 @@
 //! * **Sessions**: a bounded cache of per-key state ([`Entry`]), with the key's timer. Dirty
 //!   entries (changed since the last flush) are never evicted; clean ones are evicted least
 //!   recently used when the process's session-cache budget ([`CacheBudget`]) is exceeded, and
-//!   read back from RocksDB on a miss. While nothing with state was evicted since the store
-//!   opened (`complete`), a miss needs no RocksDB read at all: the key has no state.
-//! * **Idle evicted sessions**: for each evicted key whose state had no round open, its
-//!   `last_upload_at` (`idle_evicted`, ~30 bytes a key): its timer is its state expiry, which
-//!   then needs no read of the state ([`crate::engine::SessionTable::expire_unread`]). A key
-//!   is in it only while it is not cached.
-//! * **Timers**: the whole index `(due, key)` in firing order, for every stored key (evicted
-//!   or not): a few dozen bytes per key. Rebuilt at open from one scan of `sessions` (each
-//!   value starts with its key's timer).
+//!   read back from RocksDB on a miss.
+//! * **Evicted keys**: every key with stored state that is not cached, with its timer and,
+//!   when its state had no round open, the state's `last_upload_at` ([`Evicted`], 32 bytes a
+//!   key). A key is in it only while it is not cached. So a miss on a key that is in neither
+//!   has no state and needs no RocksDB read (a long tail's new sessions, which are most
+//!   misses), and an idle evicted key's timer is its state expiry, which needs no read of the
+//!   state either ([`crate::engine::SessionTable::expire_unread`]).
+//! * **Timers**: the index of every key's timer (cached or evicted) in firing order, a lazy
+//!   calendar queue ([`TimerQueue`]): a key's timer is the `due` of its entry or evicted
+//!   record, and the queue's entries whose key has another due by now are stale and dropped
+//!   as they come to the front. Rebuilt at open from one scan of `sessions` (each value
+//!   starts with its key's timer).
 //! * **Outbox**: every owed emission by sequence number, and the first sequence number not
 //!   yet durable (`durable_seq`): only entries below it may be published (durable first,
 //!   then visible). Acknowledged entries that were already flushed leave a delete for the
@@ -24,12 +27,14 @@
 //! * The current counters, input offset and partition time, ahead of the durable ones in
 //!   `meta` until the next flush.
 //!
-//! Invariant: `timers` holds exactly one `(due, key)` for each key whose entry (cached or
-//! stored) has a timer, and nothing else; `dirty` lists each dirty entry's slot once.
+//! Invariants: every key with a timer has it in the queue (a live entry); a key is cached,
+//! evicted, or has neither state nor timer; `dirty` lists each dirty entry's slot once.
 
-use crate::engine::{Emission, Millis, SessionKey, SessionState, TenantAges, TenantStats};
+use crate::engine::{
+    Emission, Millis, SessionKey, SessionState, TenantAges, TenantStats, TimerQueue,
+};
 use rustc_hash::{FxHashMap, FxHashSet};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -77,7 +82,7 @@ impl CacheBudget {
 }
 
 /// Fixed bytes charged per cached key besides its key and string contents: the map slot, the
-/// entry, the key's allocation header and the timer index node (measured order of magnitude).
+/// entry, the key's allocation header and the timer queue entry (measured order of magnitude).
 const ENTRY_OVERHEAD: usize = 96 + std::mem::size_of::<Entry>();
 
 /// One cached key.
@@ -93,6 +98,37 @@ pub(crate) struct Entry {
     tick: u64,
     /// Bytes charged to the budget for this entry.
     bytes: usize,
+}
+
+/// What memory keeps of an evicted key with stored state (16 bytes besides the key).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Evicted {
+    /// The key's timer (ms); `NONE`: none.
+    due: Millis,
+    /// The stored state's `last_upload_at` (ms) when it had no round open; `NONE`: a round
+    /// was open, or not known (keys evicted at open, never decoded).
+    idle_since: Millis,
+}
+
+impl Evicted {
+    const NONE: Millis = Millis::MIN;
+
+    fn new(due: Option<Millis>, idle_since: Option<Millis>) -> Self {
+        Evicted {
+            due: due.unwrap_or(Self::NONE),
+            idle_since: idle_since.unwrap_or(Self::NONE),
+        }
+    }
+
+    /// The key's timer (ms).
+    pub(crate) fn due(&self) -> Option<Millis> {
+        (self.due != Self::NONE).then_some(self.due)
+    }
+
+    /// `last_upload_at` (ms) of the stored state when it is known to have no round open.
+    pub(crate) fn idle_since(&self) -> Option<Millis> {
+        (self.idle_since != Self::NONE).then_some(self.idle_since)
+    }
 }
 
 /// Approximate memory of `key` with `state`.
@@ -124,34 +160,36 @@ pub(crate) struct Current {
     pub(crate) position_dirty: bool,
 }
 
-/// A cached key and its entry, in [`Mem`]'s slot vector (`entry` `None`: a free slot).
+/// A cached key and its entry, in [`Mem`]'s slots (`entry` `None`: a free slot).
 pub(crate) struct Slot {
     pub(crate) key: SessionKey,
     pub(crate) entry: Option<Entry>,
 }
 
+/// Slots per chunk of [`Mem`]'s slots (a power of two): chunks never move, so growing the
+/// cache copies no entry.
+const SLOTS_PER_CHUNK: usize = 4096;
+
 /// The in-memory state of one partition store (module docs).
 ///
-/// Cached entries live in a vector of slots that never move while their key is cached; the
+/// Cached entries live in chunks of slots that never move while their key is cached; the
 /// map `index` only maps a key to its slot number, so that growing it moves small buckets,
 /// the dirty list names slots (a flush reaches its entries without a lookup), and the slot
 /// of the key looked up last is remembered (`last`): the driver's several calls per upload
 /// (state, then timer) look the key up once.
 pub(crate) struct Mem {
     index: FxHashMap<SessionKey, u32>,
-    slots: Vec<Slot>,
+    slots: Vec<Vec<Slot>>,
     /// Free slot numbers (their `entry` is `None`).
     free: Vec<u32>,
     /// The key last looked up, with its slot (cleared when a slot is freed).
     last: Option<(SessionKey, u32)>,
     /// Slots of dirty entries, each once.
     pub(crate) dirty: Vec<u32>,
-    /// Every key with stored state has an entry (nothing with state was evicted).
-    pub(crate) complete: bool,
-    pub(crate) timers: BTreeSet<(Millis, SessionKey)>,
-    /// Evicted keys whose state has no round open, with the state's `last_upload_at` (ms);
-    /// disjoint from the cached keys (module docs).
-    pub(crate) idle_evicted: FxHashMap<SessionKey, Millis>,
+    /// Evicted keys with stored state (module docs); disjoint from the cached keys.
+    pub(crate) evicted: FxHashMap<SessionKey, Evicted>,
+    /// Every key's timer, in firing order (module docs).
+    timers: TimerQueue,
     /// Owed emissions by sequence number.
     pub(crate) outbox: BTreeMap<u64, Emission>,
     /// Outbox entries below this sequence number are in RocksDB.
@@ -175,6 +213,29 @@ pub(crate) struct Mem {
     /// Bytes this store charged to `budget`.
     charged: usize,
     budget: CacheBudget,
+    /// Reused by [`Mem::evict`]: the use ticks of the clean entries.
+    ticks: Vec<u64>,
+}
+
+/// The timer of `key` (ms) as `index`, `slots` and `evicted` say: the due of its cached
+/// entry, or of its evicted record. A free function over the fields so that the timer
+/// queue can be changed while it is asked.
+fn due_in(
+    index: &FxHashMap<SessionKey, u32>,
+    slots: &[Vec<Slot>],
+    evicted: &FxHashMap<SessionKey, Evicted>,
+    key: &SessionKey,
+) -> Option<Millis> {
+    match index.get(key) {
+        Some(&i) => at(slots, i).entry.as_ref().and_then(|e| e.due),
+        None if evicted.is_empty() => None,
+        None => evicted.get(key).and_then(Evicted::due),
+    }
+}
+
+fn at(slots: &[Vec<Slot>], i: u32) -> &Slot {
+    let i = i as usize;
+    &slots[i / SLOTS_PER_CHUNK][i % SLOTS_PER_CHUNK]
 }
 
 impl Mem {
@@ -186,9 +247,8 @@ impl Mem {
             free: Vec::new(),
             last: None,
             dirty: Vec::new(),
-            complete: true,
-            timers: BTreeSet::new(),
-            idle_evicted: FxHashMap::default(),
+            evicted: FxHashMap::default(),
+            timers: TimerQueue::new(),
             outbox: BTreeMap::new(),
             durable_seq: 0,
             written_seq: 0,
@@ -201,6 +261,7 @@ impl Mem {
             tick: 0,
             charged: 0,
             budget,
+            ticks: Vec::new(),
         }
     }
 
@@ -220,6 +281,11 @@ impl Mem {
         entry_bytes(key, Some(state))
     }
 
+    fn slot_at(&mut self, i: u32) -> &mut Slot {
+        let i = i as usize;
+        &mut self.slots[i / SLOTS_PER_CHUNK][i % SLOTS_PER_CHUNK]
+    }
+
     /// The slot number of `key` if cached: the remembered one, or from the index.
     fn find(&mut self, key: &SessionKey) -> Option<u32> {
         if let Some((k, i)) = &self.last {
@@ -232,27 +298,138 @@ impl Mem {
         Some(i)
     }
 
+    /// The timer of `key` (ms): of its cached entry or evicted record.
+    pub(crate) fn due_of(&self, key: &SessionKey) -> Option<Millis> {
+        due_in(&self.index, &self.slots, &self.evicted, key)
+    }
+
+    /// Whether `(due, key)` is `key`'s timer.
+    pub(crate) fn has_timer(&self, due: Millis, key: &SessionKey) -> bool {
+        self.due_of(key) == Some(due)
+    }
+
+    /// Whether `key` has stored state that is not cached (a miss must read it).
+    pub(crate) fn is_evicted(&self, key: &SessionKey) -> bool {
+        !self.evicted.is_empty() && self.evicted.contains_key(key)
+    }
+
+    /// `key`'s timer went from `old` to `new`: the queue follows (module docs).
+    fn timer_moved(&mut self, key: &SessionKey, old: Option<Millis>, new: Option<Millis>) {
+        if old == new {
+            return;
+        }
+        if old.is_some() {
+            self.timers.note_cancel();
+        }
+        if let Some(d) = new {
+            self.timers.push(d, key.clone());
+        }
+        if self.timers.needs_compaction() {
+            let (index, slots, evicted) = (&self.index, &self.slots, &self.evicted);
+            self.timers.compact(|k| due_in(index, slots, evicted, k));
+        }
+    }
+
+    /// Adds the timer of a key read from RocksDB at open (no entry, no record yet).
+    pub(crate) fn load_timer(&mut self, due: Millis, key: &SessionKey) {
+        self.timers.push(due, key.clone());
+    }
+
+    /// Records an evicted key read at open (not cached), with its timer.
+    pub(crate) fn load_evicted(&mut self, key: SessionKey, due: Option<Millis>) {
+        self.evicted.insert(key, Evicted::new(due, None));
+    }
+
+    /// The first timer due at or before `now` (ms), if any. Its key's slot (when cached) is
+    /// remembered, so the driver's firing of it looks the key up no more.
+    pub(crate) fn first_due(&mut self, now: Millis) -> Option<(Millis, SessionKey)> {
+        let (index, slots, evicted) = (&self.index, &self.slots, &self.evicted);
+        let slot = std::cell::Cell::new(None);
+        let first = self.timers.first_due(now, |k| match index.get(k) {
+            Some(&i) => {
+                slot.set(Some(i));
+                at(slots, i).entry.as_ref().and_then(|e| e.due)
+            }
+            None => {
+                slot.set(None);
+                evicted.get(k).and_then(Evicted::due)
+            }
+        });
+        if let (Some((_, key)), Some(i)) = (&first, slot.get()) {
+            self.last = Some((key.clone(), i));
+        }
+        first
+    }
+
+    /// The earliest timer, without changing anything.
+    pub(crate) fn next_timer(&self) -> Option<(Millis, SessionKey)> {
+        self.timers.peek(|k| self.due_of(k))
+    }
+
+    /// The first `limit` timers in firing order (copied and sorted: O(n log n)).
+    pub(crate) fn timers(&self, limit: usize) -> Vec<(Millis, SessionKey)> {
+        let mut live: Vec<&(Millis, SessionKey)> = self
+            .timers
+            .iter_unordered()
+            .filter(|t| self.has_timer(t.0, &t.1))
+            .collect();
+        live.sort_unstable();
+        live.dedup();
+        live.into_iter().take(limit).cloned().collect()
+    }
+
+    /// The first timer after `after` (exclusive; `None`: from the start) in firing order for
+    /// which `keep` holds.
+    pub(crate) fn first_timer_after(
+        &mut self,
+        after: Option<&(Millis, SessionKey)>,
+        keep: impl Fn(&(Millis, SessionKey)) -> bool,
+    ) -> Option<(Millis, SessionKey)> {
+        let (index, slots, evicted) = (&self.index, &self.slots, &self.evicted);
+        self.timers
+            .walk(after)
+            .find(|t| due_in(index, slots, evicted, &t.1) == Some(t.0) && keep(t))
+            .cloned()
+    }
+
+    /// Every timer in firing order, for a walk (sorts the queue's buckets as it goes).
+    pub(crate) fn walk_timers(&mut self) -> impl Iterator<Item = &(Millis, SessionKey)> {
+        let (index, slots, evicted) = (&self.index, &self.slots, &self.evicted);
+        self.timers
+            .walk(None)
+            .filter(move |t| due_in(index, slots, evicted, &t.1) == Some(t.0))
+    }
+
+    /// Whether at least `n` timers are due before `before` (ms).
+    pub(crate) fn timers_due_before_at_least(&self, before: Millis, n: usize) -> bool {
+        self.timers
+            .live_below_at_least(before, n, |k| self.due_of(k))
+    }
+
     /// Caches `entry` for `key` (not cached): its slot number.
     fn add(&mut self, key: &SessionKey, entry: Entry) -> u32 {
-        if !self.idle_evicted.is_empty() {
-            self.idle_evicted.remove(key);
+        if !self.evicted.is_empty() {
+            self.evicted.remove(key);
         }
+        let slot = Slot {
+            key: key.clone(),
+            entry: Some(entry),
+        };
         let i = match self.free.pop() {
             Some(i) => {
-                self.slots[i as usize] = Slot {
-                    key: key.clone(),
-                    entry: Some(entry),
-                };
+                *self.slot_at(i) = slot;
                 i
             }
             None => {
+                if self.slots.last().is_none_or(|c| c.len() == SLOTS_PER_CHUNK) {
+                    self.slots.push(Vec::with_capacity(SLOTS_PER_CHUNK));
+                }
+                let used = (self.slots.len() - 1) * SLOTS_PER_CHUNK;
+                // Invariant: a chunk with room was pushed just above.
+                let chunk = self.slots.last_mut().expect("a chunk with room");
+                chunk.push(slot);
                 // Fewer than 2^32 keys live in one partition's memory (each takes ~200 bytes).
-                let i = u32::try_from(self.slots.len()).expect("fewer than 2^32 cached sessions");
-                self.slots.push(Slot {
-                    key: key.clone(),
-                    entry: Some(entry),
-                });
-                i
+                u32::try_from(used + chunk.len() - 1).expect("fewer than 2^32 cached sessions")
             }
         };
         self.index.insert(key.clone(), i);
@@ -262,24 +439,19 @@ impl Mem {
 
     /// The entry in slot `i` (a slot number from `index` or `dirty`).
     pub(crate) fn slot_mut(&mut self, i: u32) -> (&SessionKey, Option<&mut Entry>) {
-        let slot = &mut self.slots[i as usize];
+        let slot = self.slot_at(i);
         (&slot.key, slot.entry.as_mut())
     }
 
     /// The key of slot `i`.
     pub(crate) fn slot_key(&self, i: u32) -> &SessionKey {
-        &self.slots[i as usize].key
+        &at(&self.slots, i).key
     }
 
     /// The cached entry of `key`, if any (not marked as used).
     pub(crate) fn entry(&self, key: &SessionKey) -> Option<&Entry> {
         let i = *self.index.get(key)?;
-        self.slots[i as usize].entry.as_ref()
-    }
-
-    /// Whether `key` is cached.
-    pub(crate) fn is_cached(&self, key: &SessionKey) -> bool {
-        self.index.contains_key(key)
+        at(&self.slots, i).entry.as_ref()
     }
 
     /// Number of cached keys.
@@ -292,7 +464,7 @@ impl Mem {
         self.tick += 1;
         let tick = self.tick;
         let i = self.find(key)?;
-        self.slots[i as usize].entry.as_mut().map(|e| {
+        self.slot_at(i).entry.as_mut().map(|e| {
             e.tick = tick;
             &*e
         })
@@ -331,22 +503,23 @@ impl Mem {
         self.tick += 1;
         let bytes = entry_bytes(key, state.as_ref());
         let tick = self.tick;
-        let old = match self.find(key) {
+        let (old, old_due) = match self.find(key) {
             Some(i) => {
                 // Invariant: an indexed slot holds an entry.
-                let e = self.slots[i as usize].entry.as_mut().expect("indexed slot");
-                let old = e.bytes;
-                if !e.dirty {
-                    e.dirty = true;
-                    self.dirty.push(i);
-                }
+                let e = self.slot_at(i).entry.as_mut().expect("indexed slot");
+                let (old, old_due, was_dirty) = (e.bytes, e.due, e.dirty);
+                e.dirty = true;
                 e.state = state;
                 e.due = due;
                 e.tick = tick;
                 e.bytes = bytes;
-                old
+                if !was_dirty {
+                    self.dirty.push(i);
+                }
+                (old, old_due)
             }
             None => {
+                let old_due = self.evicted.get(key).and_then(Evicted::due);
                 let entry = Entry {
                     state,
                     due,
@@ -356,10 +529,11 @@ impl Mem {
                 };
                 let i = self.add(key, entry);
                 self.dirty.push(i);
-                0
+                (0, old_due)
             }
         };
         self.charge(bytes, old);
+        self.timer_moved(key, old_due, due);
     }
 
     /// Changes `key`'s cached entry in place (a write-behind batch, `store::batch`): `f` gets
@@ -376,30 +550,33 @@ impl Mem {
             return Err(f);
         };
         // Invariant: an indexed slot holds an entry.
-        let e = self.slots[i as usize].entry.as_mut().expect("indexed slot");
+        let e = self.slot_at(i).entry.as_mut().expect("indexed slot");
         e.tick = tick;
         let before = (
             e.state.is_some(),
             e.state.as_ref().is_some_and(|s| s.round.is_some()),
         );
+        let due_before = e.due;
         let (r, changed) = f(&mut e.state, &mut e.due);
         if !changed {
             return Ok(r);
         }
-        if !e.dirty {
-            e.dirty = true;
-            self.dirty.push(i);
-        }
+        let was_dirty = std::mem::replace(&mut e.dirty, true);
         let after = (
             e.state.is_some(),
             e.state.as_ref().is_some_and(|s| s.round.is_some()),
         );
+        let due_after = e.due;
         let (old, new) = (e.bytes, entry_bytes(key, e.state.as_ref()));
         e.bytes = new;
+        if !was_dirty {
+            self.dirty.push(i);
+        }
         let c = &mut self.current;
         c.sessions = (c.sessions + u64::from(after.0)).saturating_sub(u64::from(before.0));
         c.open_rounds = (c.open_rounds + u64::from(after.1)).saturating_sub(u64::from(before.1));
         self.charge(new, old);
+        self.timer_moved(key, due_before, due_after);
         Ok(r)
     }
 
@@ -436,7 +613,10 @@ impl Mem {
 
     /// Evicts clean entries, least recently used first, while the shared budget is exceeded:
     /// down to three quarters of it (so eviction runs rarely), or until no clean entry is
-    /// left. Call after a flush (dirty entries stay).
+    /// left. Call after a flush (dirty entries stay). Two passes over the slots: the use
+    /// ticks of the clean entries (into a reused vector, where the cut is selected in O(n)),
+    /// then the eviction of those used before the cut. An evicted key with state (or a
+    /// timer) keeps its record in `evicted`.
     pub(crate) fn evict(&mut self) {
         let limit = self.budget.limit();
         let used = self.budget.used();
@@ -444,36 +624,52 @@ impl Mem {
             return;
         }
         let excess = used - limit * 3 / 4;
-        let mut clean: Vec<(u64, usize, u32)> = self
-            .slots
-            .iter()
-            .enumerate()
-            .filter_map(|(i, slot)| {
-                let e = slot.entry.as_ref().filter(|e| !e.dirty)?;
-                Some((e.tick, e.bytes, i as u32))
-            })
-            .collect();
-        clean.sort_unstable_by_key(|c| c.0);
-        self.last = None;
-        let mut freed = 0;
-        for (_, bytes, i) in clean {
-            if freed >= excess {
-                break;
+        let mut ticks = std::mem::take(&mut self.ticks);
+        ticks.clear();
+        let mut clean_bytes = 0usize;
+        for slot in self.slots.iter().flatten() {
+            if let Some(e) = slot.entry.as_ref().filter(|e| !e.dirty) {
+                ticks.push(e.tick);
+                clean_bytes += e.bytes;
             }
-            let slot = &mut self.slots[i as usize];
-            if let Some(e) = slot.entry.take() {
+        }
+        if ticks.is_empty() {
+            self.ticks = ticks;
+            return;
+        }
+        // As many of the least recently used as the excess takes at their average size.
+        // Ticks are unique (each use of the store takes a new one).
+        let n = excess
+            .div_ceil((clean_bytes / ticks.len()).max(1))
+            .min(ticks.len());
+        let cut = if n == ticks.len() {
+            u64::MAX
+        } else {
+            *ticks.select_nth_unstable(n).1
+        };
+        self.ticks = ticks;
+        self.last = None;
+        for c in 0..self.slots.len() {
+            for j in 0..self.slots[c].len() {
+                let slot = &mut self.slots[c][j];
+                if !slot
+                    .entry
+                    .as_ref()
+                    .is_some_and(|e| !e.dirty && e.tick < cut)
+                {
+                    continue;
+                }
+                let e = slot.entry.take().expect("checked just above");
                 let key = std::mem::replace(&mut slot.key, SessionKey::placeholder());
                 self.index.remove(&key);
-                self.free.push(i);
-                if let Some(s) = &e.state {
-                    self.complete = false;
-                    if s.round.is_none() && e.due.is_some() {
-                        self.idle_evicted.insert(key, s.last_upload_at);
-                    }
+                self.free.push((c * SLOTS_PER_CHUNK + j) as u32);
+                if e.state.is_some() || e.due.is_some() {
+                    let idle = e.state.as_ref().filter(|s| s.round.is_none());
+                    let idle = idle.map(|s| s.last_upload_at);
+                    self.evicted.insert(key, Evicted::new(e.due, idle));
                 }
                 self.charge(0, e.bytes);
             }
-            freed += bytes;
         }
     }
 
@@ -527,11 +723,28 @@ pub(crate) fn group_by_tenant<'a>(
 }
 
 impl Mem {
-    /// The committed timers with `due < before`, grouped by tenant (see [`group_by_tenant`]).
-    /// Walks the index up to `before`; copies at most `per_tenant` keys per tenant.
+    /// The timers with `due < before`, grouped by tenant (see [`group_by_tenant`]), for a
+    /// reader that holds the store shared: copies the queue's entries below `before`.
     pub(crate) fn overdue_timers(&self, before: Millis, per_tenant: usize) -> Vec<TenantTimers> {
+        let below = self.timers.below(before);
         group_by_tenant(
-            self.timers.iter().take_while(|(due, _)| *due < before),
+            below.iter().filter(|t| self.has_timer(t.0, &t.1)),
+            per_tenant,
+        )
+    }
+
+    /// [`Mem::overdue_timers`] for a writer (a batch): walks the queue up to `before`
+    /// (sorting its buckets as it goes) and copies at most `per_tenant` keys per tenant. The
+    /// walk does not look each key up: a group may hold a timer that is gone (moved or fired
+    /// since it was set); the catch-up queue drops such an entry when it comes to the front
+    /// ([`crate::engine::SessionTable::has_timer`]).
+    pub(crate) fn overdue_timers_mut(
+        &mut self,
+        before: Millis,
+        per_tenant: usize,
+    ) -> Vec<TenantTimers> {
+        group_by_tenant(
+            self.timers.walk(None).take_while(|(due, _)| *due < before),
             per_tenant,
         )
     }

@@ -516,19 +516,27 @@ fn reload(db: &DB, state: &mut StoreState) -> Result<(), Error> {
 
     let mut it = db.raw_iterator_cf(cf(db, CF_SESSIONS));
     it.seek_to_first();
+    let mut full = false;
     while let (Some(k), Some(v)) = (it.key(), it.value()) {
         let key = keys::stored_session_key(k)?;
         let (due, _) = keys::session_due(k, v)?;
         if let Some(d) = due {
-            mem.timers.insert((d, key.clone()));
+            mem.load_timer(d, &key);
         }
-        if mem.complete {
+        // Cached in key order while the budget has room; the rest is evicted from the start
+        // (its timer and the fact that it has state are kept, 32 bytes a key).
+        let mut cached = false;
+        if !full {
             let (_, s) = keys::decode_session(k, v)?;
             if mem.has_room(Mem::bytes_of(&key, &s)) {
                 mem.insert_clean(&key, Some(s), due);
+                cached = true;
             } else {
-                mem.complete = false;
+                full = true;
             }
+        }
+        if !cached {
+            mem.load_evicted(key, due);
         }
         it.next();
     }
@@ -915,7 +923,8 @@ impl PartitionStore {
         if let Some(e) = mem.entry(key) {
             return Ok(e.state.clone());
         }
-        if mem.complete {
+        if !mem.is_evicted(key) {
+            // Neither cached nor evicted: no state.
             return Ok(None);
         }
         Ok(batch::read_session(&self.db, key)?.map(|(_, s)| s))
@@ -946,9 +955,10 @@ impl PartitionStore {
         Ok(out)
     }
 
-    /// The first `limit` timers `(due ms, key)` in firing order. Errors: none today.
+    /// The first `limit` timers `(due ms, key)` in firing order (copied and sorted from the
+    /// timer queue: O(n log n), for tools and tests). Errors: none today.
     pub fn timers(&self, limit: usize) -> Result<Vec<(Millis, SessionKey)>, Error> {
-        Ok(self.state.mem.timers.iter().take(limit).cloned().collect())
+        Ok(self.state.mem.timers(limit))
     }
 
     /// The committed timers with `due < before` (ms), grouped by tenant in the order of each
@@ -968,7 +978,7 @@ impl PartitionStore {
 
     /// The earliest timer `(due ms, key)`: when the partition task must wake next.
     pub fn next_timer(&self) -> Result<Option<(Millis, SessionKey)>, Error> {
-        Ok(self.state.mem.timers.first().cloned())
+        Ok(self.state.mem.next_timer())
     }
 
     /// The outbox sequence number below which every owed emission is durable (flushed): the
