@@ -1129,16 +1129,30 @@ pub fn write_rfc3339_ms(ms: Millis, out: &mut Vec<u8>) {
 /// days since the epoch → civil date with Howard Hinnant's `civil_from_days` (proleptic
 /// Gregorian calendar, exact for every year), time of day by division.
 fn rfc3339_ms_bytes(ms: Millis) -> [u8; RFC3339_MS_LEN] {
+    thread_local! {
+        /// The day last written and its `YYYY-MM-DD` (records of one run share a few days).
+        static LAST_DAY: std::cell::Cell<(i64, [u8; 10])> =
+            const { std::cell::Cell::new((i64::MIN, [0; 10])) };
+    }
     let ms = ms.clamp(RFC3339_MIN_MS, RFC3339_MAX_MS);
     let (secs, milli) = (ms.div_euclid(1000), ms.rem_euclid(1000));
     let (days, sod) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let (year, month, day) = civil_from_days(days);
     let mut b = *b"0000-00-00T00:00:00.000Z";
-    // The clamp keeps the year in 0..=9999 and every other field within its two or three digits.
-    put2(&mut b[0..2], year / 100);
-    put2(&mut b[2..4], year % 100);
-    put2(&mut b[5..7], month);
-    put2(&mut b[8..10], day);
+    let date = LAST_DAY.with(|last| match last.get() {
+        (d, date) if d == days => date,
+        _ => {
+            let (year, month, day) = civil_from_days(days);
+            let mut date = *b"0000-00-00";
+            // The clamp keeps the year in 0..=9999 and every other field within its digits.
+            put2(&mut date[0..2], year / 100);
+            put2(&mut date[2..4], year % 100);
+            put2(&mut date[5..7], month);
+            put2(&mut date[8..10], day);
+            last.set((days, date));
+            date
+        }
+    });
+    b[..10].copy_from_slice(&date);
     put2(&mut b[11..13], sod / 3600);
     put2(&mut b[14..16], sod / 60 % 60);
     put2(&mut b[17..19], sod % 60);
@@ -1900,6 +1914,10 @@ mod tests {
             write_rfc3339_ms(ms, &mut out);
             proptest::prop_assert_eq!(&out[1..], expected.as_bytes());
             proptest::prop_assert_eq!(out.len(), 1 + RFC3339_MS_LEN);
+            // The same day again (its date is remembered), and the next and previous ones.
+            for later in [ms.saturating_add(1), ms.saturating_add(86_400_000), ms.saturating_sub(86_399_999)] {
+                proptest::prop_assert_eq!(format_rfc3339_ms(later), time_crate_rfc3339(later));
+            }
         }
     }
 

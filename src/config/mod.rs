@@ -191,7 +191,7 @@ pub struct StoreConfig {
     /// Default `./settle-data`.
     pub data_dir: PathBuf,
     /// `flush-interval`: longest time a partition's changes stay in memory before they are
-    /// written to its store in one write batch (1 ms – 10 s, default 20 ms). Emissions are
+    /// written to its store in one write batch (1 ms – 10 s, default 50 ms). Emissions are
     /// published only after the flush that holds them, so this adds up to its length to the
     /// lateness of an emission; a crash re-reads at most this much input.
     #[serde(with = "duration")]
@@ -210,7 +210,7 @@ impl Default for StoreConfig {
     fn default() -> Self {
         StoreConfig {
             data_dir: PathBuf::from("./settle-data"),
-            flush_interval: Duration::from_millis(20),
+            flush_interval: Duration::from_millis(50),
             flush_max_dirty: 20_000,
             session_cache_mib: 64,
         }

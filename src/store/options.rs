@@ -151,12 +151,10 @@ fn cf_options(name: &str, options: &StoreOptions, budget: &MemoryBudget) -> Opti
     o.set_max_write_buffer_number(2);
     match name {
         CF_SESSIONS => {
-            // Point lookups by session key: a bloom filter skips files without the key, and
-            // one over each memtable's keys (2 % of its size, about 18 bits per entry) skips
-            // the skip-list search for keys it does not hold, e.g. every new session.
+            // Point lookups by session key: a bloom filter skips files without the key. (No
+            // memtable bloom filter: memory knows which keys have stored state, so a read is
+            // only made for a key that has some, and every write would pay for the filter.)
             table.set_bloom_filter(10.0, false);
-            o.set_memtable_prefix_bloom_ratio(0.02);
-            o.set_memtable_whole_key_filtering(true);
             o.set_write_buffer_size(options.write_buffer_bytes);
         }
         CF_OUTBOX => {

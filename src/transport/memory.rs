@@ -168,6 +168,170 @@ pub struct TraceLoad {
 /// not a JSON object or has no usable `"ts"` (epoch ms, or RFC 3339 and other forms of
 /// [`codec::parse_timestamp`]).
 fn trace_record(text: &[u8], key: &mut Vec<u8>) -> Option<(Option<i32>, bool, i64)> {
+    match plain_trace_record(text, key) {
+        Plain::Record(r) => Some(r),
+        Plain::Skip => None,
+        Plain::Unsure => json_trace_record(text, key),
+    }
+}
+
+/// What [`plain_trace_record`] made of a line.
+#[derive(Debug, PartialEq)]
+enum Plain {
+    /// The record ([`trace_record`]'s answer).
+    Record((Option<i32>, bool, i64)),
+    /// Not a trace record ([`trace_record`] says `None`).
+    Skip,
+    /// The line is not of the plain shape: ask serde ([`json_trace_record`]).
+    Unsure,
+}
+
+/// [`trace_record`] for the plain lines a trace is made of, without serde: a flat JSON
+/// object whose members are ASCII strings without escapes, integers, `true`, `false` or
+/// `null`, with `ts` (and `partition`, when there) an integer and `tenant`/`session`
+/// strings or absent, each at most once. Anything else (nested values, escapes, non-ASCII
+/// bytes, fractions, RFC 3339 `ts`, duplicates of those four fields) is [`Plain::Unsure`],
+/// and the answer is [`json_trace_record`]'s. A test checks both agree on every line.
+fn plain_trace_record(text: &[u8], key: &mut Vec<u8>) -> Plain {
+    let mut i = 0;
+    let ws = |i: &mut usize| {
+        while text
+            .get(*i)
+            .is_some_and(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+        {
+            *i += 1;
+        }
+    };
+    // A string without escapes, control or non-ASCII bytes at `*i`: its contents.
+    let string = |i: &mut usize| -> Option<(usize, usize)> {
+        if text.get(*i) != Some(&b'"') {
+            return None;
+        }
+        let start = *i + 1;
+        let len = text[start..].iter().position(|&b| b == b'"')?;
+        let body = &text[start..start + len];
+        if body.iter().any(|&b| b == b'\\' || b < 0x20 || b >= 0x7f) {
+            return None;
+        }
+        *i = start + len + 1;
+        Some((start, start + len))
+    };
+    if text.first() != Some(&b'{') {
+        return Plain::Unsure;
+    }
+    i += 1;
+    ws(&mut i);
+    let (mut tenant, mut session, mut ts, mut partition) = (None, None, None, None);
+    if text.get(i) == Some(&b'}') {
+        i += 1;
+    } else {
+        loop {
+            ws(&mut i);
+            let Some((ks, ke)) = string(&mut i) else {
+                return Plain::Unsure;
+            };
+            ws(&mut i);
+            if text.get(i) != Some(&b':') {
+                return Plain::Unsure;
+            }
+            i += 1;
+            ws(&mut i);
+            // The value: a plain string, an integer or a literal.
+            let value = match text.get(i) {
+                Some(b'"') => match string(&mut i) {
+                    Some((vs, ve)) => Ok((vs, ve)),
+                    None => return Plain::Unsure,
+                },
+                Some(b'-' | b'0'..=b'9') => {
+                    let start = i;
+                    i += usize::from(text[i] == b'-');
+                    let digits = text[i..].iter().take_while(|b| b.is_ascii_digit()).count();
+                    // JSON integers: no leading zero, at least one digit.
+                    if digits == 0 || (digits > 1 && text[i] == b'0') {
+                        return Plain::Unsure;
+                    }
+                    i += digits;
+                    Err(Some((start, i)))
+                }
+                _ => {
+                    let lit = [&b"true"[..], b"false", b"null"]
+                        .into_iter()
+                        .find(|l| text[i..].starts_with(l));
+                    match lit {
+                        Some(l) => {
+                            i += l.len();
+                            Err(None)
+                        }
+                        None => return Plain::Unsure,
+                    }
+                }
+            };
+            let field = match &text[ks..ke] {
+                b"tenant" => &mut tenant,
+                b"session" => &mut session,
+                b"ts" => &mut ts,
+                b"partition" => &mut partition,
+                _ => &mut None,
+            };
+            if field.is_some() {
+                // A duplicate of a field serde reads: serde's answer.
+                return Plain::Unsure;
+            }
+            if matches!(&text[ks..ke], b"tenant" | b"session" | b"ts" | b"partition") {
+                *field = Some(value);
+            }
+            ws(&mut i);
+            match text.get(i) {
+                Some(b',') => i += 1,
+                Some(b'}') => {
+                    i += 1;
+                    break;
+                }
+                _ => return Plain::Unsure,
+            }
+        }
+    }
+    ws(&mut i);
+    if i != text.len() {
+        return Plain::Unsure;
+    }
+    let int = |at: Option<(usize, usize)>| -> Option<i64> {
+        let (s, e) = at?;
+        std::str::from_utf8(&text[s..e]).ok()?.parse().ok()
+    };
+    // `ts`: an integer that fits, else serde's reading of it decides.
+    let ts = match ts {
+        None => return Plain::Skip,
+        Some(Err(Some(at))) => match int(Some(at)) {
+            Some(ms) => ms,
+            None => return Plain::Unsure,
+        },
+        Some(_) => return Plain::Unsure,
+    };
+    let partition = match partition {
+        None | Some(Err(None)) => None,
+        Some(Err(Some(at))) => match int(Some(at)) {
+            Some(p) => Some(p as i32),
+            None => return Plain::Unsure,
+        },
+        // A string is no partition (as serde's reading says).
+        Some(Ok(_)) => None,
+    };
+    let has_key = match (tenant, session) {
+        (Some(Ok((ts_, te))), Some(Ok((ss, se)))) => {
+            key.clear();
+            key.extend_from_slice(&text[ts_..te]);
+            key.push(b'/');
+            key.extend_from_slice(&text[ss..se]);
+            true
+        }
+        _ => false,
+    };
+    Plain::Record((partition, has_key, ts))
+}
+
+/// [`trace_record`] by serde (any JSON).
+fn json_trace_record(text: &[u8], key: &mut Vec<u8>) -> Option<(Option<i32>, bool, i64)> {
     /// The fields of a trace line the broker reads; the rest is the record's payload.
     #[derive(serde::Deserialize)]
     struct Line<'a> {
@@ -971,6 +1135,108 @@ mod tests {
             .iter()
             .map(|r| (r.key.as_ref().map(text), text(&r.payload), r.timestamp_ms))
             .collect()
+    }
+
+    #[test]
+    fn the_plain_trace_reader_agrees_with_serde_on_every_line() {
+        let lines: &[&[u8]] = &[
+            br#"{"tenant":"t1","session":"s1","ts":1767225600000}"#,
+            br#" { "tenant" : "t1" , "session":"s1", "ts" : -5 , "partition": 3 } "#,
+            br#"{"tenant":"t1","session":"s1","ts":1767225600000,"final":true,"part":null}"#,
+            br#"{"tenant":"t1","ts":12}"#,
+            br#"{"session":"s","ts":12,"partition":"3"}"#,
+            br#"{"tenant":1,"session":"s","ts":12}"#,
+            br#"{"tenant":"t","session":"s","ts":"2026-01-01T00:00:00Z"}"#,
+            br#"{"tenant":"t","session":"s","ts":1.5}"#,
+            br#"{"tenant":"t","session":"s","ts":012}"#,
+            br#"{"tenant":"t","session":"s","ts":99999999999999999999}"#,
+            br#"{"tenant":"t","session":"s","ts":1,"partition":99999999999999999999}"#,
+            br#"{"tenant":"t","session":"s","ts":1,"ts":2}"#,
+            br#"{"tenant":"t","session":"s","x":1,"x":2,"ts":1}"#,
+            br#"{"tenant":"t\u0041","session":"s","ts":1}"#,
+            "{\"tenant\":\"t\u{e9}\",\"session\":\"s\",\"ts\":1}".as_bytes(),
+            br#"{"tenant":"t","session":"s","ts":1,"attributes":{"a":[1,2]}}"#,
+            br#"{"tenant":"t","session":"s","ts":1}x"#,
+            br#"{"tenant":"t","session":"s","ts":1,}"#,
+            br#"{"tenant":"t","session":"s" "ts":1}"#,
+            br#"{"tenant":"t","session":"s","ts":}"#,
+            br#"{"tenant":"t","session":"s","ts":-}"#,
+            br#"{"tenant":"t","session":"s","ts":1,"ok":tru}"#,
+            br#"{"ts":1}"#,
+            br#"{}"#,
+            br#"{"#,
+            br#"[1]"#,
+            br#""ts""#,
+            b"{\"tenant\":\"t\x01\",\"session\":\"s\",\"ts\":1}",
+            b"{\"tenant\":\"t\",\"session\":\"s\",\"ts\":1}\xff",
+        ];
+        for line in lines {
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            let plain = plain_trace_record(line, &mut a);
+            let json = json_trace_record(line, &mut b);
+            let text = String::from_utf8_lossy(line);
+            match plain {
+                Plain::Record(r) => {
+                    assert_eq!(Some(r), json, "{text}");
+                    if r.1 {
+                        assert_eq!(a, b, "{text}");
+                    }
+                }
+                Plain::Skip => assert_eq!(json, None, "{text}"),
+                Plain::Unsure => {}
+            }
+            assert_eq!(trace_record(line, &mut a), json, "{text}");
+        }
+        // The shared benchmark's lines take the plain path.
+        let mut k = Vec::new();
+        assert_eq!(
+            plain_trace_record(
+                br#"{"tenant": "t3", "session": "hot7", "ts": 1767225600002}"#,
+                &mut k
+            ),
+            Plain::Record((None, true, 1_767_225_600_002))
+        );
+        assert_eq!(k, b"t3/hot7");
+    }
+
+    proptest::proptest! {
+        /// Lines made of plain pieces: the plain reader says what serde says whenever it
+        /// answers at all.
+        #[test]
+        fn the_plain_trace_reader_agrees_with_serde(
+            members in proptest::collection::vec(
+                (
+                    proptest::prop_oneof!["tenant", "session", "ts", "partition", "event_id", "[a-z]{1,3}"],
+                    proptest::prop_oneof![
+                        "\"[a-z0-9/ ]{0,6}\"",
+                        "-?[0-9]{1,20}",
+                        "true|false|null",
+                        "[0-9]\\.[0-9]",
+                        "\\{\\}",
+                    ],
+                ),
+                0..6,
+            ),
+            space in " {0,2}",
+        ) {
+            let body: Vec<String> = members
+                .iter()
+                .map(|(k, v)| format!("\"{k}\"{space}:{space}{v}"))
+                .collect();
+            let line = format!("{{{space}{}{space}}}", body.join(","));
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            let json = json_trace_record(line.as_bytes(), &mut b);
+            match plain_trace_record(line.as_bytes(), &mut a) {
+                Plain::Record(r) => {
+                    proptest::prop_assert_eq!(Some(r), json, "{}", line);
+                    if r.1 {
+                        proptest::prop_assert_eq!(a, b);
+                    }
+                }
+                Plain::Skip => proptest::prop_assert_eq!(json, None, "{}", line),
+                Plain::Unsure => {}
+            }
+        }
     }
 
     #[test]
