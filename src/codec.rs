@@ -300,7 +300,10 @@ pub fn decode_upload(
     wall_clock_ms: Millis,
 ) -> Result<Upload, DecodeError> {
     let text = std::str::from_utf8(payload).map_err(|_| DecodeError::InvalidUtf8)?;
-    let wire = parse_wire(text, None)?;
+    let wire = match plain_wire(text) {
+        Some(wire) => wire,
+        None => parse_wire(text, None)?,
+    };
     let fields = wire.check()?;
     let key = record_key.ok_or(DecodeError::MissingKey)?;
     check_record_key(key, &fields.tenant, &fields.session)?;
@@ -570,6 +573,167 @@ impl<'de> Deserialize<'de> for WirePart {
     }
 }
 
+/// The upload fields a payload may carry (SEMANTICS §2), in [`Wire`]'s order.
+const UPLOAD_FIELDS: [&str; 6] = [
+    "tenant",
+    "session",
+    "event_id",
+    "part",
+    "final",
+    "attributes",
+];
+
+/// One member value of a plain JSON object ([`plain_object`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlainValue<'a> {
+    /// A string without escapes (its contents).
+    Str(&'a str),
+    /// An integer: `-?(0|[1-9][0-9]*)` (its text).
+    Int(&'a str),
+    /// `true` or `false`.
+    Bool(bool),
+    /// `null`.
+    Null,
+}
+
+/// Walks a *plain* JSON object, the shape nearly every upload and trace line has, without
+/// serde: `{`, members separated by commas, `}`, with JSON whitespace anywhere between
+/// tokens and nothing after; each member a name and a value that is a string without
+/// escapes or control characters, an integer (no fraction, exponent or leading zero, at
+/// most 19 digits), `true`, `false` or `null`. Calls `member(name, value)` for each member in order; it
+/// returns `false` to give up. Returns `false` when the text is not of that shape or
+/// `member` gave up: the caller then parses it with serde_json, which also says what is
+/// wrong. A text of that shape is valid JSON, and serde_json reads the same members from it.
+pub fn plain_object<'a>(
+    text: &'a str,
+    mut member: impl FnMut(&'a str, PlainValue<'a>) -> bool,
+) -> bool {
+    let b = text.as_bytes();
+    let mut i = 0;
+    let ws = |i: &mut usize| {
+        while b
+            .get(*i)
+            .is_some_and(|c| matches!(c, b' ' | b'\t' | b'\n' | b'\r'))
+        {
+            *i += 1;
+        }
+    };
+    // A string without escapes or control characters at `*i`: its contents. (The text is
+    // UTF-8 and `"` is ASCII, so the contents are whole characters.)
+    let string = |i: &mut usize| -> Option<&'a str> {
+        if b.get(*i) != Some(&b'"') {
+            return None;
+        }
+        let start = *i + 1;
+        let len = b[start..]
+            .iter()
+            .position(|&c| c == b'"' || c == b'\\' || c < 0x20)?;
+        if b[start + len] != b'"' {
+            return None;
+        }
+        *i = start + len + 1;
+        Some(&text[start..start + len])
+    };
+    ws(&mut i);
+    if b.get(i) != Some(&b'{') {
+        return false;
+    }
+    i += 1;
+    ws(&mut i);
+    if b.get(i) == Some(&b'}') {
+        i += 1;
+    } else {
+        loop {
+            ws(&mut i);
+            let Some(name) = string(&mut i) else {
+                return false;
+            };
+            ws(&mut i);
+            if b.get(i) != Some(&b':') {
+                return false;
+            }
+            i += 1;
+            ws(&mut i);
+            let value = match b.get(i) {
+                Some(b'"') => match string(&mut i) {
+                    Some(v) => PlainValue::Str(v),
+                    None => return false,
+                },
+                Some(b'-' | b'0'..=b'9') => {
+                    let start = i;
+                    i += usize::from(b[i] == b'-');
+                    let digits = b[i..].iter().take_while(|c| c.is_ascii_digit()).count();
+                    // (More than 19 digits: left to serde_json, which reads a huge integer
+                    // as a double and refuses one beyond its range.)
+                    if digits == 0 || digits > 19 || (digits > 1 && b[i] == b'0') {
+                        return false;
+                    }
+                    i += digits;
+                    if matches!(b.get(i), Some(b'.' | b'e' | b'E')) {
+                        return false;
+                    }
+                    PlainValue::Int(&text[start..i])
+                }
+                _ => {
+                    let rest = &b[i..];
+                    let (v, n) = if rest.starts_with(b"true") {
+                        (PlainValue::Bool(true), 4)
+                    } else if rest.starts_with(b"false") {
+                        (PlainValue::Bool(false), 5)
+                    } else if rest.starts_with(b"null") {
+                        (PlainValue::Null, 4)
+                    } else {
+                        return false;
+                    };
+                    i += n;
+                    v
+                }
+            };
+            if !member(name, value) {
+                return false;
+            }
+            ws(&mut i);
+            match b.get(i) {
+                Some(b',') => i += 1,
+                Some(b'}') => {
+                    i += 1;
+                    break;
+                }
+                _ => return false,
+            }
+        }
+    }
+    ws(&mut i);
+    i == b.len()
+}
+
+/// [`parse_wire`] for a plain object ([`plain_object`]) whose upload fields are of their
+/// types (`tenant`, `session` strings; `event_id` a string or null; `final` a bool or null),
+/// each at most once, without `part` or `attributes`: the same [`Wire`] serde's pass gives.
+/// `None` for any other payload (serde's pass then reads it, and says what is wrong).
+fn plain_wire(text: &str) -> Option<Wire<'_>> {
+    let mut w = Wire::default();
+    let mut seen = [false; 6];
+    let plain = plain_object(text, |name, value| {
+        let Some(i) = UPLOAD_FIELDS.iter().position(|n| *n == name) else {
+            return true;
+        };
+        if std::mem::replace(&mut seen[i], true) {
+            return false;
+        }
+        match (i, value) {
+            (0, PlainValue::Str(v)) => w.tenant = Some(Cow::Borrowed(v)),
+            (1, PlainValue::Str(v)) => w.session = Some(Cow::Borrowed(v)),
+            (2, PlainValue::Str(v)) => w.event_id = Some(Cow::Borrowed(v)),
+            (4, PlainValue::Bool(v)) => w.final_flag = Some(v),
+            (2 | 4, PlainValue::Null) => {}
+            _ => return false,
+        }
+        true
+    });
+    plain.then_some(w)
+}
+
 /// Parses the object once (the caller checked the payload is UTF-8 as a whole, one fast pass,
 /// so the JSON parser need not re-check every string). A field-level fault (wrong type,
 /// duplicate) is recorded in `fault` by the visitor, which then aborts the parse with a serde
@@ -636,14 +800,7 @@ impl<'de> Visitor<'de> for UploadSeed<'_, 'de> {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Wire<'de>, A::Error> {
-        const NAMES: [&str; 6] = [
-            "tenant",
-            "session",
-            "event_id",
-            "part",
-            "final",
-            "attributes",
-        ];
+        const NAMES: [&str; 6] = UPLOAD_FIELDS;
         let (fault, mut trace) = (self.fault, self.trace);
         let mut w = Wire::default();
         let mut seen = [false; 6];
@@ -1363,6 +1520,103 @@ mod tests {
             "duplicate_field"
         );
         assert!(decode(r#"{"x":1,"x":2,"tenant":"a","session":"s"}"#).is_ok());
+    }
+
+    /// [`decode_upload`] with serde's pass only (no [`plain_wire`]).
+    fn decode_upload_by_serde(
+        key: Option<&[u8]>,
+        payload: &[u8],
+        ts: Millis,
+        wall: Millis,
+    ) -> Result<Upload, DecodeError> {
+        let text = std::str::from_utf8(payload).map_err(|_| DecodeError::InvalidUtf8)?;
+        let fields = parse_wire(text, None)?.check()?;
+        let key = key.ok_or(DecodeError::MissingKey)?;
+        check_record_key(key, &fields.tenant, &fields.session)?;
+        Ok(fields.into_upload(ts.min(wall)))
+    }
+
+    #[test]
+    fn plain_payloads_decode_as_serde_decodes_them() {
+        let payloads: &[&str] = &[
+            r#"{"tenant":"acme","session":"b-1"}"#,
+            r#" { "tenant" : "acme" , "session" : "b-1" , "event_id" : "e" , "final" : true } "#,
+            r#"{"tenant":"acme","session":"b-1","event_id":null,"final":null,"x":[1]}"#,
+            r#"{"tenant":"acme","session":"b-1","event_id":7}"#,
+            r#"{"tenant":"acme","session":"b-1","final":"yes"}"#,
+            r#"{"tenant":"acme","session":"b-1","tenant":"acme"}"#,
+            r#"{"tenant":"acme","session":"b-1","n":1,"n":2}"#,
+            r#"{"tenant":"acme","session":"b-1","part":{"index":1,"count":2}}"#,
+            r#"{"tenant":"acme","session":"b-1","attributes":{"a":1}}"#,
+            r#"{"tenant":"acme","session":""}"#,
+            r#"{"tenant":"","session":"s"}"#,
+            r#"{"tenant":"a/b","session":"s"}"#,
+            "{\"tenant\":\"acme\",\"session\":\"b\u{1}\"}",
+            "{\"tenant\":\"acme\",\"session\":\"b\u{80}\u{e9}\"}",
+            r#"{"tenant":"acme","session":"b\u0041"}"#,
+            r#"{"tenant":"acme","session":"b-1","big":1e400}"#,
+            r#"{"tenant":"acme","session":"b-1","big":123456789012345678901234567890}"#,
+            r#"{"tenant":"acme","session":"b-1","n":-0}"#,
+            r#"{"tenant":"acme","session":"b-1","n":01}"#,
+            r#"{"tenant":"acme","session":"b-1"} x"#,
+            r#"{"tenant":"acme","session":"b-1",}"#,
+            r#"{"tenant":"acme"}"#,
+            r#"{}"#,
+            r#"[]"#,
+            r#"{"tenant":null,"session":"b-1"}"#,
+        ];
+        for p in payloads {
+            for key in [Some(&b"acme/b-1"[..]), Some(b"other/k"), None] {
+                assert_eq!(
+                    decode_upload(key, p.as_bytes(), 10, 20),
+                    decode_upload_by_serde(key, p.as_bytes(), 10, 20),
+                    "{p}"
+                );
+            }
+        }
+        assert!(plain_wire(r#"{"tenant":"acme","session":"b-1","ts":1}"#).is_some());
+    }
+
+    proptest::proptest! {
+        /// Payloads made of plain and not-so-plain pieces decode alike either way.
+        #[test]
+        fn plain_and_serde_decoding_agree(
+            members in proptest::collection::vec(
+                (
+                    proptest::prop_oneof![
+                        proptest::sample::select(UPLOAD_FIELDS.to_vec()).prop_map(str::to_owned),
+                        "ts|x|[a-z]{1,2}",
+                    ],
+                    proptest::prop_oneof![
+                        "\"[a-z0-9/ -]{0,5}\"",
+                        "-?[0-9]{1,22}",
+                        "true|false|null",
+                        "[0-9]\\.[0-9]e[0-9]",
+                        "\\{\"index\":1,\"count\":2\\}",
+                        "\"\\\\u00[0-9a-f]{2}\"",
+                    ],
+                ),
+                0..7,
+            ),
+            space in " {0,2}",
+        ) {
+            let body: Vec<String> = members
+                .iter()
+                .map(|(k, v)| format!("\"{k}\"{space}:{space}{v}"))
+                .collect();
+            let payload = format!("{space}{{{}}}{space}", body.join(","));
+            let key = members
+                .iter()
+                .find(|(k, _)| k == "tenant")
+                .zip(members.iter().find(|(k, _)| k == "session"))
+                .map(|((_, t), (_, s))| format!("{}/{}", t.trim_matches('"'), s.trim_matches('"')));
+            let key = key.as_deref().map(str::as_bytes);
+            proptest::prop_assert_eq!(
+                decode_upload(key, payload.as_bytes(), 10, 20),
+                decode_upload_by_serde(key, payload.as_bytes(), 10, 20),
+                "{}", payload
+            );
+        }
     }
 
     #[test]

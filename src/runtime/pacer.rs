@@ -60,9 +60,10 @@ impl CatchUpPacer {
         }
     }
 
-    /// Pays for `emissions` released by an overdue fire.
+    /// Pays for `emissions` released by an overdue fire (right after [`CatchUpPacer::ready`]
+    /// said yes: the tokens were refilled then, so the clock is not read again).
     pub fn spend(&mut self, emissions: usize) {
-        if self.refill().is_some() {
+        if self.rate.is_some() {
             self.tokens -= emissions as f64;
         }
     }

@@ -124,7 +124,7 @@ impl<'s> Batch<'s> {
             self.state.stale = true;
             let mem = &mut self.state.mem;
             let seq = mem.current.next_seq;
-            mem.outbox.insert(seq, emission.clone());
+            mem.outbox.push(seq, emission.clone());
             mem.current.next_seq += 1;
             self.pushed += 1;
             return Ok(seq);
@@ -285,7 +285,7 @@ impl<'s> Batch<'s> {
         mem.current.sessions = sessions.max(0) as u64;
         mem.current.open_rounds = open_rounds.max(0) as u64;
         for emission in outbox {
-            mem.outbox.insert(mem.current.next_seq, emission);
+            mem.outbox.push(mem.current.next_seq, emission);
             mem.current.next_seq += 1;
         }
         for (name, slot) in tenants {

@@ -34,7 +34,7 @@ use crate::engine::{
     Emission, Millis, SessionKey, SessionState, TenantAges, TenantStats, TimerQueue,
 };
 use rustc_hash::{FxHashMap, FxHashSet};
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -191,7 +191,7 @@ pub(crate) struct Mem {
     /// Every key's timer, in firing order (module docs).
     timers: TimerQueue,
     /// Owed emissions by sequence number.
-    pub(crate) outbox: BTreeMap<u64, Emission>,
+    pub(crate) outbox: Outbox,
     /// Outbox entries below this sequence number are in RocksDB.
     pub(crate) durable_seq: u64,
     /// Outbox entries below this sequence number are in RocksDB or in the write in flight
@@ -249,7 +249,7 @@ impl Mem {
             dirty: Vec::new(),
             evicted: FxHashMap::default(),
             timers: TimerQueue::new(),
-            outbox: BTreeMap::new(),
+            outbox: Outbox::default(),
             durable_seq: 0,
             written_seq: 0,
             acked: Vec::new(),
@@ -676,6 +676,62 @@ impl Mem {
     /// Bytes this store holds in its cache (approximate, as charged).
     pub(crate) fn charged(&self) -> usize {
         self.charged
+    }
+}
+
+/// Owed emissions in sequence-number order (FIFO): appended at the back, acknowledged mostly
+/// at the front; one acknowledged out of order stays as a hole until the front passes it.
+/// O(1) to append and to acknowledge the front, O(log n) to find a sequence number.
+#[derive(Debug, Default)]
+pub(crate) struct Outbox {
+    entries: VecDeque<(u64, Option<Emission>)>,
+    len: usize,
+}
+
+impl Outbox {
+    /// Appends the emission `seq` (greater than every number held).
+    pub(crate) fn push(&mut self, seq: u64, emission: Emission) {
+        debug_assert!(self.entries.back().is_none_or(|(s, _)| *s < seq));
+        self.entries.push_back((seq, Some(emission)));
+        self.len += 1;
+    }
+
+    /// Removes the emission `seq`; whether it was owed.
+    pub(crate) fn remove(&mut self, seq: u64) -> bool {
+        let i = self.position(seq);
+        let removed = match self.entries.get_mut(i) {
+            Some((s, e)) if *s == seq => e.take().is_some(),
+            _ => false,
+        };
+        if removed {
+            self.len -= 1;
+            while self.entries.front().is_some_and(|(_, e)| e.is_none()) {
+                self.entries.pop_front();
+            }
+        }
+        removed
+    }
+
+    /// Owed emissions.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The lowest owed sequence number.
+    pub(crate) fn first_seq(&self) -> Option<u64> {
+        self.entries.front().map(|(s, _)| *s)
+    }
+
+    /// The owed emissions with `from <= seq < to`, in order.
+    pub(crate) fn range(&self, from: u64, to: u64) -> impl Iterator<Item = (u64, &Emission)> {
+        self.entries
+            .range(self.position(from)..)
+            .take_while(move |(s, _)| *s < to)
+            .filter_map(|(s, e)| e.as_ref().map(|e| (*s, e)))
+    }
+
+    fn position(&self, seq: u64) -> usize {
+        self.entries.partition_point(|(s, _)| *s < seq)
     }
 }
 

@@ -288,7 +288,7 @@ fn prepare(db: &DB, state: &mut StoreState) -> Result<(WriteBatch, Prepared), Er
     // skip list) starting from where the previous insert ended, far cheaper for ascending
     // keys than for hash order.
     let mut buf = Vec::with_capacity(256);
-    for (&seq, emission) in mem.outbox.range(mem.written_seq..) {
+    for (seq, emission) in mem.outbox.range(mem.written_seq, u64::MAX) {
         buf = keys::encode_emission_into(emission, buf)?;
         w.put(CF_OUTBOX, &keys::outbox_key(seq), &buf);
         report.outbox_puts += 1;
@@ -297,12 +297,7 @@ fn prepare(db: &DB, state: &mut StoreState) -> Result<(WriteBatch, Prepared), Er
     // Every entry below the outbox's head is acknowledged: one range tombstone deletes the
     // ones acknowledged since the last flush (`deleted_below` is the head that flush left);
     // entries acknowledged out of order above the head are deleted one by one.
-    let head = mem
-        .outbox
-        .keys()
-        .next()
-        .copied()
-        .unwrap_or(mem.current.next_seq);
+    let head = mem.outbox.first_seq().unwrap_or(mem.current.next_seq);
     let below = mem.acked.partition_point(|&seq| seq < head);
     if below > 0 {
         let from = mem.deleted_below.min(mem.acked[0]);
@@ -552,7 +547,7 @@ fn reload(db: &DB, state: &mut StoreState) -> Result<(), Error> {
             key: keys::printable(k),
             reason,
         })?;
-        mem.outbox.insert(seq, keys::decode_emission(k, v)?);
+        mem.outbox.push(seq, keys::decode_emission(k, v)?);
         it.next();
     }
     it.status().map_err(read_error(CF_OUTBOX))?;
@@ -1027,9 +1022,9 @@ impl PartitionStore {
         let mem = &self.state.mem;
         Ok(mem
             .outbox
-            .range(from..mem.durable_seq.max(from))
+            .range(from, mem.durable_seq.max(from))
             .take(limit)
-            .map(|(&seq, e)| OutboxEntry {
+            .map(|(seq, e)| OutboxEntry {
                 seq,
                 emission: e.clone(),
             })
@@ -1046,7 +1041,7 @@ impl PartitionStore {
         let mem = &mut self.state.mem;
         let mut deleted = 0;
         for &seq in seqs {
-            if mem.outbox.remove(&seq).is_some() {
+            if mem.outbox.remove(seq) {
                 deleted += 1;
                 if seq < mem.written_seq {
                     mem.acked.push(seq);

@@ -186,143 +186,53 @@ enum Plain {
     Unsure,
 }
 
-/// [`trace_record`] for the plain lines a trace is made of, without serde: a flat JSON
-/// object whose members are ASCII strings without escapes, integers, `true`, `false` or
-/// `null`, with `ts` (and `partition`, when there) an integer and `tenant`/`session`
-/// strings or absent, each at most once. Anything else (nested values, escapes, non-ASCII
-/// bytes, fractions, RFC 3339 `ts`, duplicates of those four fields) is [`Plain::Unsure`],
-/// and the answer is [`json_trace_record`]'s. A test checks both agree on every line.
+/// [`trace_record`] for the plain lines a trace is made of, without serde
+/// ([`codec::plain_object`]): `ts` (and `partition`, when there) an integer and
+/// `tenant`/`session` strings or absent, each at most once. Anything else (nested values,
+/// escapes, fractions, RFC 3339 `ts`, duplicates of those four fields) is
+/// [`Plain::Unsure`], and the answer is [`json_trace_record`]'s. Tests check both agree.
 fn plain_trace_record(text: &[u8], key: &mut Vec<u8>) -> Plain {
-    let mut i = 0;
-    let ws = |i: &mut usize| {
-        while text
-            .get(*i)
-            .is_some_and(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
-        {
-            *i += 1;
-        }
-    };
-    // A string without escapes, control or non-ASCII bytes at `*i`: its contents.
-    let string = |i: &mut usize| -> Option<(usize, usize)> {
-        if text.get(*i) != Some(&b'"') {
-            return None;
-        }
-        let start = *i + 1;
-        let len = text[start..].iter().position(|&b| b == b'"')?;
-        let body = &text[start..start + len];
-        if body.iter().any(|&b| b == b'\\' || b < 0x20 || b >= 0x7f) {
-            return None;
-        }
-        *i = start + len + 1;
-        Some((start, start + len))
-    };
-    if text.first() != Some(&b'{') {
+    let Ok(text) = std::str::from_utf8(text) else {
         return Plain::Unsure;
-    }
-    i += 1;
-    ws(&mut i);
+    };
     let (mut tenant, mut session, mut ts, mut partition) = (None, None, None, None);
-    if text.get(i) == Some(&b'}') {
-        i += 1;
-    } else {
-        loop {
-            ws(&mut i);
-            let Some((ks, ke)) = string(&mut i) else {
-                return Plain::Unsure;
-            };
-            ws(&mut i);
-            if text.get(i) != Some(&b':') {
-                return Plain::Unsure;
-            }
-            i += 1;
-            ws(&mut i);
-            // The value: a plain string, an integer or a literal.
-            let value = match text.get(i) {
-                Some(b'"') => match string(&mut i) {
-                    Some((vs, ve)) => Ok((vs, ve)),
-                    None => return Plain::Unsure,
-                },
-                Some(b'-' | b'0'..=b'9') => {
-                    let start = i;
-                    i += usize::from(text[i] == b'-');
-                    let digits = text[i..].iter().take_while(|b| b.is_ascii_digit()).count();
-                    // JSON integers: no leading zero, at least one digit.
-                    if digits == 0 || (digits > 1 && text[i] == b'0') {
-                        return Plain::Unsure;
-                    }
-                    i += digits;
-                    Err(Some((start, i)))
-                }
-                _ => {
-                    let lit = [&b"true"[..], b"false", b"null"]
-                        .into_iter()
-                        .find(|l| text[i..].starts_with(l));
-                    match lit {
-                        Some(l) => {
-                            i += l.len();
-                            Err(None)
-                        }
-                        None => return Plain::Unsure,
-                    }
-                }
-            };
-            let field = match &text[ks..ke] {
-                b"tenant" => &mut tenant,
-                b"session" => &mut session,
-                b"ts" => &mut ts,
-                b"partition" => &mut partition,
-                _ => &mut None,
-            };
-            if field.is_some() {
-                // A duplicate of a field serde reads: serde's answer.
-                return Plain::Unsure;
-            }
-            if matches!(&text[ks..ke], b"tenant" | b"session" | b"ts" | b"partition") {
-                *field = Some(value);
-            }
-            ws(&mut i);
-            match text.get(i) {
-                Some(b',') => i += 1,
-                Some(b'}') => {
-                    i += 1;
-                    break;
-                }
-                _ => return Plain::Unsure,
-            }
-        }
-    }
-    ws(&mut i);
-    if i != text.len() {
+    let plain = codec::plain_object(text, |name, value| {
+        let field = match name {
+            "tenant" => &mut tenant,
+            "session" => &mut session,
+            "ts" => &mut ts,
+            "partition" => &mut partition,
+            _ => return true,
+        };
+        // A duplicate of a field serde reads: serde's answer.
+        field.replace(value).is_none()
+    });
+    if !plain {
         return Plain::Unsure;
     }
-    let int = |at: Option<(usize, usize)>| -> Option<i64> {
-        let (s, e) = at?;
-        std::str::from_utf8(&text[s..e]).ok()?.parse().ok()
-    };
     // `ts`: an integer that fits, else serde's reading of it decides.
     let ts = match ts {
         None => return Plain::Skip,
-        Some(Err(Some(at))) => match int(Some(at)) {
-            Some(ms) => ms,
-            None => return Plain::Unsure,
+        Some(codec::PlainValue::Int(digits)) => match digits.parse::<i64>() {
+            Ok(ms) => ms,
+            Err(_) => return Plain::Unsure,
         },
         Some(_) => return Plain::Unsure,
     };
     let partition = match partition {
-        None | Some(Err(None)) => None,
-        Some(Err(Some(at))) => match int(Some(at)) {
-            Some(p) => Some(p as i32),
-            None => return Plain::Unsure,
+        Some(codec::PlainValue::Int(digits)) => match digits.parse::<i64>() {
+            Ok(p) => Some(p as i32),
+            Err(_) => return Plain::Unsure,
         },
-        // A string is no partition (as serde's reading says).
-        Some(Ok(_)) => None,
+        // Absent, null, a string or a bool: no partition (as serde's reading says).
+        _ => None,
     };
     let has_key = match (tenant, session) {
-        (Some(Ok((ts_, te))), Some(Ok((ss, se)))) => {
+        (Some(codec::PlainValue::Str(t)), Some(codec::PlainValue::Str(s))) => {
             key.clear();
-            key.extend_from_slice(&text[ts_..te]);
+            key.extend_from_slice(t.as_bytes());
             key.push(b'/');
-            key.extend_from_slice(&text[ss..se]);
+            key.extend_from_slice(s.as_bytes());
             true
         }
         _ => false,
