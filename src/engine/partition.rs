@@ -399,8 +399,8 @@ impl SessionTable for MemTable {
     }
 
     fn put(&mut self, key: &SessionKey, state: &SessionState) -> Result<(), Self::Error> {
-        match self.sessions.index.get(key) {
-            Some(&i) => self.sessions.slot(i).state.clone_from(state),
+        match self.sessions.find(key) {
+            Some(i) => self.sessions.slot(i).state.clone_from(state),
             None => self.sessions.insert(key, state.clone()),
         }
         Ok(())
@@ -416,8 +416,8 @@ impl SessionTable for MemTable {
         key: &SessionKey,
         f: impl FnOnce(&mut Option<SessionState>) -> (R, bool),
     ) -> Result<R, Self::Error> {
-        match self.sessions.index.get(key) {
-            Some(&i) => {
+        match self.sessions.find(key) {
+            Some(i) => {
                 let slot = &mut self.sessions.slot(i).state;
                 let mut state = Some(std::mem::take(slot));
                 let (r, _) = f(&mut state);
@@ -501,12 +501,15 @@ impl SessionTable for MemTable {
 /// (growing copies no state). Slots of forgotten keys (reset to the default state) are listed
 /// in `free` and used first. The timer of a key without state (which only a caller other than
 /// the driver sets) is kept in `stateless` until the key gets a state or the timer goes.
+/// The slot of the key found last is remembered (`last`): the driver's calls for one upload
+/// or one timer (state, then timer) look the key up in `index` once.
 #[derive(Clone, Debug, Default)]
 struct Sessions {
     index: FxHashMap<SessionKey, u32>,
     chunks: Vec<Vec<Slot>>,
     free: Vec<u32>,
     stateless: FxHashMap<SessionKey, Millis>,
+    last: Option<(SessionKey, u32)>,
 }
 
 /// One key's state and timer (ms).
@@ -521,7 +524,7 @@ const SLOTS_PER_CHUNK: usize = 4096;
 
 impl Sessions {
     fn get(&self, key: &SessionKey) -> Option<&SessionState> {
-        self.index.get(key).map(|&i| &self.at(i).state)
+        self.peek_slot(key).map(|i| &self.at(i).state)
     }
 
     fn at(&self, i: u32) -> &Slot {
@@ -534,10 +537,30 @@ impl Sessions {
         &mut self.chunks[i / SLOTS_PER_CHUNK][i % SLOTS_PER_CHUNK]
     }
 
+    /// The slot of `key`, if it has state; remembered for the next call.
+    fn find(&mut self, key: &SessionKey) -> Option<u32> {
+        if let Some((k, i)) = &self.last {
+            if k == key {
+                return Some(*i);
+            }
+        }
+        let i = *self.index.get(key)?;
+        self.last = Some((key.clone(), i));
+        Some(i)
+    }
+
+    /// The slot of `key` from `last` or `index`, without remembering it.
+    fn peek_slot(&self, key: &SessionKey) -> Option<u32> {
+        match &self.last {
+            Some((k, i)) if k == key => Some(*i),
+            _ => self.index.get(key).copied(),
+        }
+    }
+
     /// The timer (ms) of `key`, if it has one.
     fn due(&self, key: &SessionKey) -> Option<Millis> {
-        match self.index.get(key) {
-            Some(&i) => self.at(i).due,
+        match self.peek_slot(key) {
+            Some(i) => self.at(i).due,
             None if self.stateless.is_empty() => None,
             None => self.stateless.get(key).copied(),
         }
@@ -545,7 +568,7 @@ impl Sessions {
 
     /// Sets (or with `None` removes) the timer of `key`; returns the one it had.
     fn set_due(&mut self, key: &SessionKey, due: Option<Millis>) -> Option<Millis> {
-        if let Some(&i) = self.index.get(key) {
+        if let Some(i) = self.find(key) {
             return std::mem::replace(&mut self.slot(i).due, due);
         }
         match due {
@@ -590,11 +613,15 @@ impl Sessions {
             }
         };
         self.index.insert(key.clone(), i);
+        self.last = Some((key.clone(), i));
     }
 
     /// Forgets `key`'s state (no-op without state); its timer, if any, stays.
     fn remove(&mut self, key: &SessionKey) {
         if let Some(i) = self.index.remove(key) {
+            if self.last.as_ref().is_some_and(|(_, j)| *j == i) {
+                self.last = None;
+            }
             let slot = std::mem::take(self.slot(i));
             if let Some(d) = slot.due {
                 self.stateless.insert(key.clone(), d);

@@ -669,3 +669,40 @@ fn mem_table_slots_of_forgotten_keys_are_reused_without_mixing_states() {
     }
     assert_eq!(t.get(&key("k7")).unwrap(), Some(state(7)));
 }
+
+#[test]
+fn mem_table_remembers_the_last_key_without_answering_for_a_reused_slot() {
+    let mut t = MemTable::new();
+    let state = |generation| SessionState {
+        generation,
+        ..SessionState::default()
+    };
+    t.put(&key("a"), &state(1)).unwrap();
+    t.set_timer(10, &key("a")).unwrap();
+    // `a` is forgotten (its timer stays, without state) and `b` takes its slot.
+    t.delete(&key("a")).unwrap();
+    t.put(&key("b"), &state(2)).unwrap();
+    t.set_timer(20, &key("b")).unwrap();
+    assert!(t.has_timer(10, &key("a")).unwrap());
+    assert!(!t.has_timer(20, &key("a")).unwrap());
+    assert_eq!(t.state(&key("a")), None);
+    assert_eq!(t.get(&key("b")).unwrap(), Some(state(2)));
+    // A timer of `a` set while `b` is the key found last lands on `a`, not on b's slot.
+    t.set_timer(15, &key("a")).unwrap();
+    assert!(t.has_timer(20, &key("b")).unwrap());
+    assert_eq!(t.first_due(Millis::MAX).unwrap(), Some((15, key("a"))));
+    // A state dropped by `update` frees the slot; the next key there is not `b`.
+    t.update(&key("b"), |s| {
+        *s = None;
+        ((), true)
+    })
+    .unwrap();
+    t.put(&key("c"), &state(3)).unwrap();
+    assert_eq!(t.state(&key("b")), None);
+    assert_eq!(t.state(&key("c")).map(|s| s.generation), Some(3));
+    assert!(
+        t.has_timer(20, &key("b")).unwrap(),
+        "b's timer stays without state"
+    );
+    assert!(!t.has_timer(20, &key("c")).unwrap());
+}

@@ -92,8 +92,8 @@ pub struct RuntimeOptions {
     pub tiers: TiersConfig,
     /// `runtime.batch-size`: most records per poll and per store write (≥ 1).
     pub batch_size: usize,
-    /// `runtime.idle-tick`: longest poll wait; lateness above which a timer is overdue and
-    /// paced by `catch-up-rate`.
+    /// `runtime.idle-tick`: longest poll wait; lateness above which a timer due before the
+    /// partition's task started is overdue and paced by `catch-up-rate`.
     pub idle_tick: Duration,
     /// `runtime.catch-up-rate`: overdue emissions released per second, per partition
     /// (0 = unlimited).

@@ -275,6 +275,7 @@ pub async fn run<I: PartitionInput, K: Sink, C: Clock>(
         clock: PartitionClock::resume(store.partition_time()),
         driver: Driver::new(ctx.engine.clone()),
         pacer: CatchUpPacer::new(ctx.settings.catch_up_rate),
+        started_at: ctx.clock.now_ms(),
         catch_up: CatchUpQueue::new(),
         held: VecDeque::new(),
         caught_up: false,
@@ -336,6 +337,13 @@ struct Task<I, K, C> {
     clock: PartitionClock,
     driver: Driver,
     pacer: CatchUpPacer,
+    /// Wall clock (ms) when this task took the partition (its store open and restored).
+    /// Only rounds due before it can be overdue (paced at `catch-up-rate`): they fell due
+    /// while no task of this process owned the partition (SEMANTICS §3: "while the
+    /// processor was down or restored"). A live round that is late because the task fell
+    /// behind is not paced: pacing it below the rate rounds fall due at would turn one
+    /// hiccup into a lag that only grows.
+    started_at: Millis,
     /// Overdue timers by tenant, in turn order (catch-up release).
     catch_up: CatchUpQueue,
     /// Consumed, decoded records not applied yet (catch-up pacing); at most one batch.
@@ -352,7 +360,7 @@ struct Task<I, K, C> {
     /// Handed to the publisher and not acknowledged yet.
     in_flight: u64,
     entries: Option<mpsc::Sender<store::OutboxEntry>>,
-    acks: mpsc::UnboundedReceiver<u64>,
+    acks: mpsc::UnboundedReceiver<Vec<u64>>,
     status: PartitionStatus,
     /// Next offset durable in the store (gated: and in an acknowledged changelog append)
     /// and not yet committed to the source.
@@ -837,7 +845,7 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
             driver: &mut self.driver,
             pacer: &mut self.pacer,
             queue: &mut self.catch_up,
-            overdue_before: wall.saturating_sub(grace),
+            overdue_before: wall.saturating_sub(grace).min(self.started_at),
             budget: &mut budget,
             fired: &mut fired,
             prefetched: false,
@@ -970,14 +978,13 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
         let owed = self.store.outbox_peek(usize::MAX).map_err(fatal)?;
         let now = self.ctx.clock.now_ms();
         let partition = self.partition();
-        let mut seqs = Vec::with_capacity(owed.len());
-        let messages: Vec<transport::ReadyMessage> = owed
-            .into_iter()
-            .map(|entry| {
-                seqs.push(entry.seq);
-                let routed = self.ctx.tiers.route(entry, now);
-                publisher::ready_message(&routed, now, partition)
-            })
+        let seqs: Vec<u64> = owed.iter().map(|entry| entry.seq).collect();
+        let messages: Vec<transport::ReadyMessage> = self
+            .ctx
+            .tiers
+            .route_all(owed, now)
+            .iter()
+            .map(|routed| publisher::ready_message(routed, now, partition))
             .collect();
         if !seqs.is_empty() {
             self.store.outbox_ack(&seqs).map_err(fatal)?;
@@ -1047,8 +1054,8 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
     /// Deletes acknowledged emissions from the outbox.
     fn take_acks(&mut self) -> Result<(), store::Error> {
         let mut seqs = Vec::new();
-        while let Ok(seq) = self.acks.try_recv() {
-            seqs.push(seq);
+        while let Ok(batch) = self.acks.try_recv() {
+            seqs.extend(batch);
         }
         if seqs.is_empty() {
             return Ok(());
@@ -1182,12 +1189,12 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
                 break;
             }
             match tokio::time::timeout_at(deadline, self.acks.recv()).await {
-                Ok(Some(seq)) => {
-                    if let Err(e) = self.store.outbox_ack(&[seq]) {
+                Ok(Some(seqs)) => {
+                    if let Err(e) = self.store.outbox_ack(&seqs) {
                         return PartitionExit::Failed(fatal(e));
                     }
-                    self.in_flight = self.in_flight.saturating_sub(1);
-                    self.status.published += 1;
+                    self.in_flight = self.in_flight.saturating_sub(seqs.len() as u64);
+                    self.status.published += seqs.len() as u64;
                 }
                 Ok(None) | Err(_) => break,
             }

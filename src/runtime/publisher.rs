@@ -121,20 +121,28 @@ impl TierRouting {
         (TierRouting { router, changes }, rx)
     }
 
-    /// Routes one emission of `entry` at wall-clock time `now_ms` (ms) and forwards the tier
-    /// change it caused, if any.
-    pub(super) fn route(&self, entry: OutboxEntry, now_ms: Millis) -> Routed {
-        let route = self.router.route(entry.emission.key.tenant(), now_ms);
-        let routed = Routed {
-            tier: route.tier.to_owned(),
-            topic: route.topic.to_owned(),
-            entry,
-        };
-        if let Some(change) = route.change {
-            // The tier-events task is gone only while the runtime stops; routing goes on.
-            let _ = self.changes.send(change);
-        }
-        routed
+    /// Routes the emissions of `entries` at wall-clock time `now_ms` (ms), in order, under
+    /// one hold of the router's lock, and forwards the tier changes they caused.
+    pub(super) fn route_all(&self, entries: Vec<OutboxEntry>, now_ms: Millis) -> Vec<Routed> {
+        let routes = self
+            .router
+            .route_many(entries.iter().map(|e| e.emission.key.tenant()), now_ms);
+        entries
+            .into_iter()
+            .zip(routes)
+            .map(|(entry, route)| {
+                if let Some(change) = route.change {
+                    // The tier-events task is gone only while the runtime stops; routing
+                    // goes on.
+                    let _ = self.changes.send(change);
+                }
+                Routed {
+                    tier: route.tier.to_owned(),
+                    topic: route.topic.to_owned(),
+                    entry,
+                }
+            })
+            .collect()
     }
 }
 
@@ -165,6 +173,10 @@ pub(super) fn ready_message(routed: &Routed, now_ms: Millis, partition: i32) -> 
 /// `fence` is revoked: then it starts no further publish (what is in flight may still be
 /// acknowledged) and returns; the owed emissions stay in the outbox (and the changelog) for
 /// the partition's next owner. Records what it publishes in `metrics`.
+///
+/// Entries waiting in `entries` are taken together, as many as the window has room for, and
+/// published as one batch ([`Sink::publish_batch`]): routed under one router lock, one
+/// future, their acknowledged sequence numbers sent back as one `Vec` on `acks`.
 #[allow(clippy::too_many_arguments)]
 pub async fn run<K: Sink, C: Clock>(
     sink: K,
@@ -173,27 +185,33 @@ pub async fn run<K: Sink, C: Clock>(
     tiers: TierRouting,
     fence: Fence,
     mut entries: mpsc::Receiver<OutboxEntry>,
-    acks: mpsc::UnboundedSender<u64>,
+    acks: mpsc::UnboundedSender<Vec<u64>>,
     mut metrics: PublishMetrics,
 ) {
     let sink = &sink;
-    let target = &target;
+    let window = target.window.max(1);
     let partition = fence.partition();
     let fence = &fence;
-    let publish = |routed: Routed, now_ms: Millis| async move {
-        let message = ready_message(&routed, now_ms, partition);
-        // Checked last, right before the record is handed to the sink.
-        if !fence.owned() {
+    let publish = |batch: Vec<Routed>, now_ms: Millis| async move {
+        let messages: Vec<ReadyMessage> = batch
+            .iter()
+            .map(|routed| ready_message(routed, now_ms, partition))
+            .collect();
+        // Checked last, right before the records are handed to the sink.
+        let results = if fence.owned() {
+            sink.publish_batch(messages).await
+        } else {
             let fenced = crate::transport::Error::Fatal {
                 transport: "runtime",
                 reason: format!("partition {partition} is no longer owned"),
             };
-            return (routed, now_ms, Err(fenced));
-        }
-        let result = sink.publish(message).await;
-        (routed, now_ms, result)
+            vec![Err(fenced); batch.len()]
+        };
+        (batch, now_ms, results)
     };
     let mut in_flight = FuturesUnordered::new();
+    // Entries in the batches of `in_flight` (the window counts entries, not batches).
+    let mut in_flight_entries = 0usize;
     let mut retry: BTreeMap<u64, Routed> = BTreeMap::new();
     let mut backoff = Backoff::new(target.max_backoff);
     let mut retry_at: Option<tokio::time::Instant> = None;
@@ -203,58 +221,78 @@ pub async fn run<K: Sink, C: Clock>(
         if !fence.owned() {
             tracing::info!(
                 partition,
-                in_flight = in_flight.len(),
+                in_flight = in_flight_entries,
                 "partition fenced: the publisher starts no more publishes for it"
             );
             return;
         }
-        let can_start = open && retry.is_empty() && in_flight.len() < target.window.max(1);
+        let can_start = open && retry.is_empty() && in_flight_entries < window;
         if !open && in_flight.is_empty() && retry.is_empty() {
             return;
         }
         tokio::select! {
             received = entries.recv(), if can_start => match received {
                 Some(entry) => {
+                    // Woken by the partition task's send, this task runs next on that task's
+                    // worker thread (tokio's LIFO slot), where no other worker can take it:
+                    // yielding once puts it in the run queue, so an idle worker publishes
+                    // while the partition task goes on (and more entries arrive meanwhile).
+                    tokio::task::yield_now().await;
+                    let mut batch = vec![entry];
+                    while in_flight_entries + batch.len() < window {
+                        match entries.try_recv() {
+                            Ok(entry) => batch.push(entry),
+                            Err(_) => break,
+                        }
+                    }
                     let now = clock.now_ms();
-                    in_flight.push(publish(tiers.route(entry, now), now));
+                    in_flight_entries += batch.len();
+                    in_flight.push(publish(tiers.route_all(batch, now), now));
                 }
                 None => open = false,
             },
-            Some((routed, sent_at, result)) = in_flight.next(), if !in_flight.is_empty() => match result {
-                Ok(()) => {
-                    backoff.reset();
-                    if let Some(failures) = failing.clear() {
-                        tracing::info!(failures, topic = %routed.topic, "publishing recovered");
-                    }
-                    metrics.published(&routed.tier, &routed.entry.emission, sent_at);
-                    if acks.send(routed.entry.seq).is_err() {
-                        // The partition task is gone; nothing can be deleted any more.
-                        return;
+            Some((batch, sent_at, results)) = in_flight.next(), if !in_flight.is_empty() => {
+                in_flight_entries -= batch.len();
+                let mut acked = Vec::with_capacity(batch.len());
+                for (routed, result) in batch.into_iter().zip(results) {
+                    match result {
+                        Ok(()) => {
+                            backoff.reset();
+                            if let Some(failures) = failing.clear() {
+                                tracing::info!(failures, topic = %routed.topic, "publishing recovered");
+                            }
+                            metrics.published(&routed.tier, &routed.entry.emission, sent_at);
+                            acked.push(routed.entry.seq);
+                        }
+                        Err(_) if !fence.owned() => {}
+                        Err(e) => {
+                            metrics.publish_failed(&routed.tier);
+                            match failing.allow() {
+                                Some(suppressed) => tracing::warn!(
+                                    emission_id = %routed.entry.emission.emission_id(),
+                                    topic = %routed.topic,
+                                    error = %e,
+                                    retryable = e.is_retryable(),
+                                    suppressed,
+                                    "publish failed; will retry (logged at most every 10 s until it recovers)"
+                                ),
+                                None => tracing::debug!(
+                                    emission_id = %routed.entry.emission.emission_id(),
+                                    topic = %routed.topic,
+                                    error = %e,
+                                    "publish failed; will retry"
+                                ),
+                            }
+                            retry.insert(routed.entry.seq, routed);
+                            if retry_at.is_none() {
+                                retry_at = Some(tokio::time::Instant::now() + backoff.next_delay());
+                            }
+                        }
                     }
                 }
-                Err(_) if !fence.owned() => {}
-                Err(e) => {
-                    metrics.publish_failed(&routed.tier);
-                    match failing.allow() {
-                        Some(suppressed) => tracing::warn!(
-                            emission_id = %routed.entry.emission.emission_id(),
-                            topic = %routed.topic,
-                            error = %e,
-                            retryable = e.is_retryable(),
-                            suppressed,
-                            "publish failed; will retry (logged at most every 10 s until it recovers)"
-                        ),
-                        None => tracing::debug!(
-                            emission_id = %routed.entry.emission.emission_id(),
-                            topic = %routed.topic,
-                            error = %e,
-                            "publish failed; will retry"
-                        ),
-                    }
-                    retry.insert(routed.entry.seq, routed);
-                    if retry_at.is_none() {
-                        retry_at = Some(tokio::time::Instant::now() + backoff.next_delay());
-                    }
+                if !acked.is_empty() && acks.send(acked).is_err() {
+                    // The partition task is gone; nothing can be deleted any more.
+                    return;
                 }
             },
             () = sleep_until(retry_at), if retry_at.is_some() && in_flight.is_empty() => {
@@ -263,9 +301,9 @@ pub async fn run<K: Sink, C: Clock>(
                     continue;
                 }
                 let now = clock.now_ms();
-                for (_, routed) in std::mem::take(&mut retry) {
-                    in_flight.push(publish(routed, now));
-                }
+                let batch: Vec<Routed> = std::mem::take(&mut retry).into_values().collect();
+                in_flight_entries += batch.len();
+                in_flight.push(publish(batch, now));
             },
         }
     }
@@ -310,6 +348,47 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn waiting_entries_go_out_in_batches_the_window_bounds_in_outbox_order() {
+        let broker = MemoryBroker::new("uploads", 1);
+        let router = SharedRouter::new(Router::new(&TiersConfig::default()).unwrap());
+        let (tiers, _changes) = TierRouting::new(router.clone());
+        let (entries, entries_rx) = mpsc::channel(16);
+        let (acks_tx, mut acks) = mpsc::unbounded_channel();
+        for seq in 1..=5 {
+            entries
+                .send(entry(seq, "t", &format!("s{seq}")))
+                .await
+                .unwrap();
+        }
+        let target = PublishTarget {
+            window: 3,
+            max_backoff: Duration::from_secs(1),
+        };
+        let task = tokio::spawn(run(
+            broker.sink(),
+            TokioClock::starting_at(T0),
+            target,
+            tiers,
+            Fence::new(0),
+            entries_rx,
+            acks_tx,
+            crate::metrics::Metrics::new().publisher(["normal", "limited"]),
+        ));
+        // Five entries waiting, a window of three: one batch of three, then one of two.
+        assert_eq!(acks.recv().await, Some(vec![1, 2, 3]));
+        assert_eq!(acks.recv().await, Some(vec![4, 5]));
+        drop(entries);
+        task.await.unwrap();
+        let keys: Vec<String> = broker.output().into_iter().map(|m| m.key).collect();
+        assert_eq!(keys, ["t/s1", "t/s2", "t/s3", "t/s4", "t/s5"]);
+        // Each emission was routed (counted in its tenant's rate) once.
+        assert_eq!(
+            router.lock().counters().routed,
+            [("normal".to_owned(), 5), ("limited".to_owned(), 0)]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_retried_emission_keeps_the_topic_first_chosen_and_is_counted_once() {
         let broker = MemoryBroker::new("uploads", 1);
         broker.set_sink_available(false);
@@ -346,9 +425,9 @@ mod tests {
         assert_eq!((third.tier, third.change.is_some()), ("limited", true));
         // The retry of `a` still goes to `normal`; the next emission goes to `limited`.
         broker.set_sink_available(true);
-        assert_eq!(acks.recv().await, Some(1));
+        assert_eq!(acks.recv().await, Some(vec![1]));
         entries.send(entry(2, "t", "b")).await.unwrap();
-        assert_eq!(acks.recv().await, Some(2));
+        assert_eq!(acks.recv().await, Some(vec![2]));
         drop(entries);
         task.await.unwrap();
 

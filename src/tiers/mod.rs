@@ -1096,6 +1096,26 @@ impl SharedRouter {
         }
     }
 
+    /// [`SharedRouter::route`] for each tenant of `tenants` in order (one per emission of
+    /// a batch), under one hold of the lock: one route per tenant, in the same order.
+    pub fn route_many<'t>(
+        &self,
+        tenants: impl Iterator<Item = &'t str>,
+        now_ms: Millis,
+    ) -> Vec<Route<'_>> {
+        let mut router = self.lock();
+        tenants
+            .map(|tenant| {
+                let (tier, change) = router.decide(tenant, now_ms);
+                Route {
+                    tier: &self.table.names[tier],
+                    topic: &self.table.topics[tier],
+                    change,
+                }
+            })
+            .collect()
+    }
+
     /// [`Router::sweep`] until nothing is due, [`SWEEP_CHUNK`] tenants per lock hold.
     /// Returns the promotions made.
     pub fn sweep(&self, now_ms: Millis) -> Vec<TierChange> {

@@ -978,6 +978,43 @@ impl Sink for MemorySink {
         Ok(())
     }
 
+    /// The whole batch under one lock: its lines appended to the output file in one write
+    /// (with any single publishes' lines waiting), then stored. A failed write fails every
+    /// message of the batch (none of their lines counts as written; they are retried).
+    async fn publish_batch(&self, messages: Vec<ReadyMessage>) -> Vec<Result<(), Error>> {
+        let n = messages.len();
+        let ack = match self.broker.sink_mode() {
+            Ok(ack) => ack,
+            Err(e) => return vec![Err(e); n],
+        };
+        {
+            let mut st = lock(&self.broker.shared.state);
+            if let Some(tee) = st.tee.as_mut() {
+                for m in &messages {
+                    tee.buffer.extend_from_slice(&m.payload);
+                    tee.buffer.push(b'\n');
+                }
+                tee.appended += n as u64;
+                if let Err(e) = tee.write_out() {
+                    let failed = Error::Unavailable {
+                        transport: TRANSPORT,
+                        reason: format!("cannot write the output file: {e}"),
+                    };
+                    return vec![Err(failed); n];
+                }
+            }
+            if st.keep_output {
+                st.output.extend(messages);
+            } else {
+                st.output_dropped += n;
+            }
+        }
+        if !ack {
+            std::future::pending::<()>().await;
+        }
+        vec![Ok(()); n]
+    }
+
     async fn publish_tier_change(&self, topic: &str, change: &TierChange) -> Result<(), Error> {
         let ack = self.broker.sink_mode()?;
         lock(&self.broker.shared.state)
@@ -1036,6 +1073,36 @@ mod tests {
         std::fs::write(&path, "{\"n\":1").unwrap();
         broker.tee_output_only(&path).unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "");
+    }
+
+    #[tokio::test]
+    async fn a_batch_is_written_in_order_after_single_publishes_and_fails_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.jsonl");
+        let broker = MemoryBroker::new("uploads", 1);
+        broker.tee_output(&path).unwrap();
+        let sink = broker.sink();
+        sink.publish(message(1)).await.unwrap();
+        let results = sink.publish_batch((2..=4).map(message).collect()).await;
+        assert_eq!(results, vec![Ok(()), Ok(()), Ok(())]);
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "{\"n\":1}\n{\"n\":2}\n{\"n\":3}\n{\"n\":4}\n"
+        );
+        let keys: Vec<String> = broker.output().into_iter().map(|m| m.key).collect();
+        assert_eq!(keys, ["t/s1", "t/s2", "t/s3", "t/s4"]);
+        // A sink that is down fails every message of the batch; nothing is stored.
+        broker.set_sink_available(false);
+        let results = sink.publish_batch(vec![message(5), message(6)]).await;
+        assert_eq!(results.len(), 2);
+        assert!(results
+            .iter()
+            .all(|r| matches!(r, Err(Error::Unavailable { .. }))));
+        assert_eq!(broker.output_len(), 4);
+        assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 4);
+        // An empty batch answers with no results.
+        broker.set_sink_available(true);
+        assert!(sink.publish_batch(Vec::new()).await.is_empty());
     }
 
     /// Every record of partition `p`'s log as `(key, payload, timestamp)`.

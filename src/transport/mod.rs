@@ -330,6 +330,21 @@ pub trait Sink: Clone + Send + Sync + 'static {
     /// and keeps retrying after a longer backoff: an emission is never dropped, SEMANTICS §6).
     fn publish(&self, message: ReadyMessage) -> impl Future<Output = Result<(), Error>> + Send;
 
+    /// Publishes `messages` (ready records of one partition, in outbox order) and resolves
+    /// once each is acknowledged or failed, with one result per message in the same order.
+    /// A failed message is retried by the publisher like a failed [`Sink::publish`]; the
+    /// others are acknowledged. The default puts every message in flight at once through
+    /// [`Sink::publish`] (Kafka, NATS: the client batches on the wire); the memory sink
+    /// overrides it to append the whole batch under one lock with one file write.
+    ///
+    /// Errors: per message, as for [`Sink::publish`].
+    fn publish_batch(
+        &self,
+        messages: Vec<ReadyMessage>,
+    ) -> impl Future<Output = Vec<Result<(), Error>>> + Send {
+        futures::future::join_all(messages.into_iter().map(|m| self.publish(m)))
+    }
+
     /// Publishes one tier change (SEMANTICS §5) to `topic` (`tiers.events-topic`) and
     /// resolves once acknowledged. The default sends [`tier_change_message`] through
     /// [`Sink::publish`]: record key = the tenant, value = [`TierChange::to_json`], and (Kafka)

@@ -195,6 +195,29 @@ async fn rounds_due_while_down_are_released_at_the_catch_up_rate() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_live_round_late_after_a_stall_is_not_held_to_the_catch_up_rate() {
+    let f = fixture(1, PolicySpec::fixed(DELAY));
+    let broker = &f.broker;
+    let mut opts = options(f.dir.path());
+    opts.catch_up_rate = 10;
+    let run = f.start_with(opts);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for s in 0..200 {
+        produce(broker, "acme", &format!("s{s}"), T0 + 100);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(broker.output().is_empty(), "nothing due yet");
+    // The process stalls (its threads paused) past every round's due time: the rounds are
+    // 4 s late when it goes on, but they fell due while the partition was owned here, so
+    // they are not paced like rounds that fell due while it was down (10/s: 20 s).
+    tokio::time::advance(Duration::from_secs(5)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let out = emitted(broker);
+    assert_eq!(out.len(), 200, "every late round out at once, not at 10/s");
+    run.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_revoked_partition_stops_before_the_revocation_is_acknowledged() {
     let f = fixture(2, PolicySpec::fixed(DELAY));
     let broker = &f.broker;
