@@ -347,26 +347,27 @@ mod tests {
         }
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn waiting_entries_go_out_in_batches_the_window_bounds_in_outbox_order() {
-        let broker = MemoryBroker::new("uploads", 1);
-        let router = SharedRouter::new(Router::new(&TiersConfig::default()).unwrap());
-        let (tiers, _changes) = TierRouting::new(router.clone());
+    /// The publisher of partition 0 on `broker` with `window`, spawned: its entries' sender,
+    /// its acks and its task.
+    fn spawn_publisher(
+        broker: &MemoryBroker,
+        clock: TokioClock,
+        tiers: TierRouting,
+        window: usize,
+    ) -> (
+        mpsc::Sender<OutboxEntry>,
+        mpsc::UnboundedReceiver<Vec<u64>>,
+        tokio::task::JoinHandle<()>,
+    ) {
         let (entries, entries_rx) = mpsc::channel(16);
-        let (acks_tx, mut acks) = mpsc::unbounded_channel();
-        for seq in 1..=5 {
-            entries
-                .send(entry(seq, "t", &format!("s{seq}")))
-                .await
-                .unwrap();
-        }
+        let (acks_tx, acks) = mpsc::unbounded_channel();
         let target = PublishTarget {
-            window: 3,
+            window,
             max_backoff: Duration::from_secs(1),
         };
         let task = tokio::spawn(run(
             broker.sink(),
-            TokioClock::starting_at(T0),
+            clock,
             target,
             tiers,
             Fence::new(0),
@@ -374,6 +375,22 @@ mod tests {
             acks_tx,
             crate::metrics::Metrics::new().publisher(["normal", "limited"]),
         ));
+        (entries, acks, task)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waiting_entries_go_out_in_batches_the_window_bounds_in_outbox_order() {
+        let broker = MemoryBroker::new("uploads", 1);
+        let router = SharedRouter::new(Router::new(&TiersConfig::default()).unwrap());
+        let (tiers, _changes) = TierRouting::new(router.clone());
+        let (entries, mut acks, task) =
+            spawn_publisher(&broker, TokioClock::starting_at(T0), tiers, 3);
+        for seq in 1..=5 {
+            entries
+                .send(entry(seq, "t", &format!("s{seq}")))
+                .await
+                .unwrap();
+        }
         // Five entries waiting, a window of three: one batch of three, then one of two.
         assert_eq!(acks.recv().await, Some(vec![1, 2, 3]));
         assert_eq!(acks.recv().await, Some(vec![4, 5]));
@@ -398,23 +415,8 @@ mod tests {
         };
         let router = SharedRouter::new(Router::new(&config).unwrap());
         let (tiers, _changes) = TierRouting::new(router.clone());
-        let (entries, entries_rx) = mpsc::channel(8);
-        let (acks_tx, mut acks) = mpsc::unbounded_channel();
         let clock = TokioClock::starting_at(T0);
-        let target = PublishTarget {
-            window: 8,
-            max_backoff: Duration::from_secs(1),
-        };
-        let task = tokio::spawn(run(
-            broker.sink(),
-            clock,
-            target,
-            tiers,
-            Fence::new(0),
-            entries_rx,
-            acks_tx,
-            crate::metrics::Metrics::new().publisher(["normal", "limited"]),
-        ));
+        let (entries, mut acks, task) = spawn_publisher(&broker, clock, tiers, 8);
 
         // `a` is routed to `normal` (1st emission of `t`) and fails: the sink is down.
         entries.send(entry(1, "t", "a")).await.unwrap();
