@@ -202,7 +202,8 @@ pub struct StoreConfig {
     /// `session-cache-mib`: session state the process keeps in memory for all its partitions
     /// (MiB, approximate, 1–65 536, default 64). Clean sessions past it are evicted least
     /// recently used and read back from the store when their key is touched again; the timer
-    /// index (about 60 bytes per pending key) comes on top.
+    /// index (about 60 bytes per pending key, plus the key when longer than 15 bytes) comes
+    /// on top.
     pub session_cache_mib: u32,
 }
 

@@ -259,6 +259,12 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
         self.ctx.status.clone()
     }
 
+    /// The memory budget shared by this runtime's partition stores (clone it before `run`):
+    /// block cache, memtable and session-cache usage in bytes.
+    pub fn memory(&self) -> MemoryBudget {
+        self.budget.clone()
+    }
+
     /// The process's tier router (clone it before `run`): tiers, rates, demoted tenants and
     /// counters (SEMANTICS §5).
     pub fn router(&self) -> SharedRouter {

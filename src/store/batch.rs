@@ -343,10 +343,7 @@ impl<'s> Batch<'s> {
             .into_iter()
             .filter(|k| {
                 !self.slots.contains_key(*k)
-                    && mem
-                        .evicted
-                        .get(*k)
-                        .is_some_and(|e| e.idle_since().is_none())
+                    && mem.evicted.get(k).is_some_and(|e| e.idle_since().is_none())
             })
             .take(MAX_PREFETCH)
             .collect();

@@ -30,6 +30,7 @@
 //! Invariants: every key with a timer has it in the queue (a live entry); a key is cached,
 //! evicted, or has neither state nor timer; `dirty` lists each dirty entry's slot once.
 
+use super::evicted::EvictedKeys;
 use crate::engine::{
     Emission, Millis, SessionKey, SessionState, TenantAges, TenantStats, TimerQueue,
 };
@@ -113,7 +114,7 @@ pub(crate) struct Evicted {
 impl Evicted {
     const NONE: Millis = Millis::MIN;
 
-    fn new(due: Option<Millis>, idle_since: Option<Millis>) -> Self {
+    pub(crate) fn new(due: Option<Millis>, idle_since: Option<Millis>) -> Self {
         Evicted {
             due: due.unwrap_or(Self::NONE),
             idle_since: idle_since.unwrap_or(Self::NONE),
@@ -166,6 +167,21 @@ pub(crate) struct Slot {
     pub(crate) entry: Option<Entry>,
 }
 
+/// Most slots one [`Mem::evict`] call visits while the cache is at most an eighth over its
+/// budget (the rest of the sweep goes on at the next flush).
+const EVICT_VISITS: usize = 1_024;
+
+/// Slots sampled to choose an eviction sweep's cut ([`Mem::evict`]).
+const EVICT_SAMPLE: usize = 4_096;
+
+/// An eviction sweep under way: clean entries used before `cut` are evicted, slots from
+/// `next` on are still to visit.
+#[derive(Clone, Copy, Debug)]
+struct Sweep {
+    cut: u64,
+    next: usize,
+}
+
 /// Slots per chunk of [`Mem`]'s slots (a power of two): chunks never move, so growing the
 /// cache copies no entry.
 const SLOTS_PER_CHUNK: usize = 4096;
@@ -187,7 +203,7 @@ pub(crate) struct Mem {
     /// Slots of dirty entries, each once.
     pub(crate) dirty: Vec<u32>,
     /// Evicted keys with stored state (module docs); disjoint from the cached keys.
-    pub(crate) evicted: FxHashMap<SessionKey, Evicted>,
+    pub(crate) evicted: EvictedKeys,
     /// Every key's timer, in firing order (module docs).
     timers: TimerQueue,
     /// Owed emissions by sequence number.
@@ -213,8 +229,10 @@ pub(crate) struct Mem {
     /// Bytes this store charged to `budget`.
     charged: usize,
     budget: CacheBudget,
-    /// Reused by [`Mem::evict`]: the use ticks of the clean entries.
+    /// Reused by [`Mem::evict`]: the use ticks of the sampled clean entries.
     ticks: Vec<u64>,
+    /// The eviction sweep under way ([`Mem::evict`]).
+    sweep: Option<Sweep>,
 }
 
 /// The timer of `key` (ms) as `index`, `slots` and `evicted` say: the due of its cached
@@ -223,7 +241,7 @@ pub(crate) struct Mem {
 fn due_in(
     index: &FxHashMap<SessionKey, u32>,
     slots: &[Vec<Slot>],
-    evicted: &FxHashMap<SessionKey, Evicted>,
+    evicted: &EvictedKeys,
     key: &SessionKey,
 ) -> Option<Millis> {
     match index.get(key) {
@@ -247,7 +265,7 @@ impl Mem {
             free: Vec::new(),
             last: None,
             dirty: Vec::new(),
-            evicted: FxHashMap::default(),
+            evicted: EvictedKeys::default(),
             timers: TimerQueue::new(),
             outbox: Outbox::default(),
             durable_seq: 0,
@@ -262,6 +280,7 @@ impl Mem {
             charged: 0,
             budget,
             ticks: Vec::new(),
+            sweep: None,
         }
     }
 
@@ -611,66 +630,101 @@ impl Mem {
             || self.current.position_dirty
     }
 
-    /// Evicts clean entries, least recently used first, while the shared budget is exceeded:
-    /// down to three quarters of it (so eviction runs rarely), or until no clean entry is
-    /// left. Call after a flush (dirty entries stay). Two passes over the slots: the use
-    /// ticks of the clean entries (into a reused vector, where the cut is selected in O(n)),
-    /// then the eviction of those used before the cut. An evicted key with state (or a
+    /// Evicts clean entries, least recently used first, once the shared budget is exceeded:
+    /// down to three quarters of it (so eviction runs rarely), or until a sweep over every
+    /// slot found no more. Call after a flush (dirty entries stay). A sweep chooses a cut
+    /// from a sample of the clean entries' use ticks ([`EVICT_SAMPLE`] slots evenly spaced:
+    /// every clean entry of a smaller cache), then evicts the clean entries used before the
+    /// cut in slot order. `bounded`: while the cache is at most an eighth over its budget
+    /// one call visits at most [`EVICT_VISITS`] slots and the next calls go on from there,
+    /// so a sweep of a large cache is spread over the runtime's loop turns instead of
+    /// stopping the partition for tens of milliseconds (a live partition's next rounds wait
+    /// meanwhile); otherwise the sweep ends in this call. An evicted key with state (or a
     /// timer) keeps its record in `evicted`.
-    pub(crate) fn evict(&mut self) {
+    pub(crate) fn evict(&mut self, bounded: bool) {
         let limit = self.budget.limit();
-        let used = self.budget.used();
-        if used <= limit {
-            return;
+        let target = limit * 3 / 4;
+        if self.sweep.is_none() {
+            if self.budget.used() <= limit {
+                return;
+            }
+            let Some(cut) = self.sweep_cut(target) else {
+                return;
+            };
+            self.sweep = Some(Sweep { cut, next: 0 });
         }
-        let excess = used - limit * 3 / 4;
+        self.last = None;
+        let total = self.slot_count();
+        let mut visits = 0usize;
+        while let Some(sweep) = self.sweep.as_mut() {
+            if sweep.next >= total || self.budget.used() <= target {
+                self.sweep = None;
+                break;
+            }
+            if bounded && visits >= EVICT_VISITS && self.budget.used() <= limit + limit / 8 {
+                break;
+            }
+            let (i, cut) = (sweep.next, sweep.cut);
+            sweep.next += 1;
+            visits += 1;
+            let slot = &mut self.slots[i / SLOTS_PER_CHUNK][i % SLOTS_PER_CHUNK];
+            if !slot
+                .entry
+                .as_ref()
+                .is_some_and(|e| !e.dirty && e.tick < cut)
+            {
+                continue;
+            }
+            let e = slot.entry.take().expect("checked just above");
+            let key = std::mem::replace(&mut slot.key, SessionKey::placeholder());
+            self.index.remove(&key);
+            self.free.push(i as u32);
+            if e.state.is_some() || e.due.is_some() {
+                let idle = e.state.as_ref().filter(|s| s.round.is_none());
+                let idle = idle.map(|s| s.last_upload_at);
+                self.evicted.insert(key, Evicted::new(e.due, idle));
+            }
+            self.charge(0, e.bytes);
+        }
+    }
+
+    /// Slots in use or free (the slot numbers run `0..slot_count`).
+    fn slot_count(&self) -> usize {
+        self.slots.iter().map(Vec::len).sum()
+    }
+
+    /// The use tick below which a sweep evicts: as many of the least recently used clean
+    /// entries as the excess over `target` bytes takes at their average size, estimated from
+    /// a sample of [`EVICT_SAMPLE`] evenly spaced slots. `None`: no clean entry sampled.
+    fn sweep_cut(&mut self, target: usize) -> Option<u64> {
+        let excess = self.budget.used().saturating_sub(target);
+        let total = self.slot_count();
+        let step = (total / EVICT_SAMPLE).max(1);
         let mut ticks = std::mem::take(&mut self.ticks);
         ticks.clear();
-        let mut clean_bytes = 0usize;
-        for slot in self.slots.iter().flatten() {
+        let mut sampled_bytes = 0usize;
+        for i in (0..total).step_by(step) {
+            let slot = &self.slots[i / SLOTS_PER_CHUNK][i % SLOTS_PER_CHUNK];
             if let Some(e) = slot.entry.as_ref().filter(|e| !e.dirty) {
                 ticks.push(e.tick);
-                clean_bytes += e.bytes;
+                sampled_bytes += e.bytes;
             }
         }
-        if ticks.is_empty() {
-            self.ticks = ticks;
-            return;
-        }
-        // As many of the least recently used as the excess takes at their average size.
-        // Ticks are unique (each use of the store takes a new one).
-        let n = excess
-            .div_ceil((clean_bytes / ticks.len()).max(1))
-            .min(ticks.len());
-        let cut = if n == ticks.len() {
-            u64::MAX
+        let cut = if ticks.is_empty() {
+            None
         } else {
-            *ticks.select_nth_unstable(n).1
+            // Each sampled entry stands for `step` entries. Ticks are unique (each use of
+            // the store takes a new one).
+            let average = (sampled_bytes / ticks.len()).max(1);
+            let n = excess.div_ceil(average * step).min(ticks.len());
+            Some(if n == ticks.len() {
+                u64::MAX
+            } else {
+                *ticks.select_nth_unstable(n).1
+            })
         };
         self.ticks = ticks;
-        self.last = None;
-        for c in 0..self.slots.len() {
-            for j in 0..self.slots[c].len() {
-                let slot = &mut self.slots[c][j];
-                if !slot
-                    .entry
-                    .as_ref()
-                    .is_some_and(|e| !e.dirty && e.tick < cut)
-                {
-                    continue;
-                }
-                let e = slot.entry.take().expect("checked just above");
-                let key = std::mem::replace(&mut slot.key, SessionKey::placeholder());
-                self.index.remove(&key);
-                self.free.push((c * SLOTS_PER_CHUNK + j) as u32);
-                if e.state.is_some() || e.due.is_some() {
-                    let idle = e.state.as_ref().filter(|s| s.round.is_none());
-                    let idle = idle.map(|s| s.last_upload_at);
-                    self.evicted.insert(key, Evicted::new(e.due, idle));
-                }
-                self.charge(0, e.bytes);
-            }
-        }
+        cut
     }
 
     /// Bytes this store holds in its cache (approximate, as charged).

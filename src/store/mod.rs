@@ -30,6 +30,13 @@
 //!   outbox entries handed out, changes for the changelog, eviction) only once
 //!   [`PartitionStore::poll_flush`] sees it done. One write in flight at a time.
 //!
+//! A flush evicts clean sessions past the budget once it is written, unless eviction is
+//! deferred ([`PartitionStore::set_deferred_eviction`], the runtime): then the runtime calls
+//! [`PartitionStore::evict`] itself, after it handed the flush's emissions out (eviction is
+//! not on their way to the broker), and each call does a bounded share of the work; a write
+//! of the writer thread seen done also does a share (no entry is evicted while a write that
+//! holds it is in flight, and a partition catching up has one in flight most of the time).
+//!
 //! Sessions are cached in memory up to a process-wide budget ([`MemoryBudget`],
 //! `store.session-cache`), evicted least recently used when clean and read back on a miss;
 //! the timer index and the outbox are wholly in memory (`mem`), rebuilt by one scan at
@@ -71,6 +78,7 @@
 mod batch;
 pub mod changelog;
 mod error;
+mod evicted;
 mod keys;
 mod mem;
 mod options;
@@ -127,6 +135,10 @@ pub struct FlushReport {
     pub outbox_puts: usize,
     /// See `outbox_puts`.
     pub outbox_deletes: usize,
+    /// [`PartitionStore::flush`]: how long building the batch and RocksDB's write of it took
+    /// (the eviction after it excluded); zero for a write of the writer thread
+    /// ([`FlushDone::took`] has its time).
+    pub took: std::time::Duration,
 }
 
 /// Everything of the store but the database handle (so a batch can borrow both apart).
@@ -138,6 +150,8 @@ pub(crate) struct StoreState {
     mem: Mem,
     /// Commits change memory only; [`PartitionStore::flush`] writes (module docs).
     write_behind: bool,
+    /// Flushes leave eviction to [`PartitionStore::evict`] (`set_deferred_eviction`).
+    defer_eviction: bool,
     /// An in-place (write-behind) batch changed memory and was not committed: memory may
     /// hold half a batch, so nothing more is written (`store::batch` module docs).
     stale: bool,
@@ -215,14 +229,21 @@ pub(crate) fn flush_state(db: &DB, state: &mut StoreState) -> Result<FlushReport
     if !state.mem.unflushed() {
         return Ok(FlushReport::default());
     }
+    // Measured, not decided on: how long the flush held its caller (the runtime paces
+    // early flushes by it).
+    let started = std::time::Instant::now();
     let written = prepare(db, state).and_then(|(wb, p)| {
         db.write_opt(wb, &state.write_opts).map_err(Error::Write)?;
         Ok(p)
     });
+    let took = started.elapsed();
     match written {
         Ok(p) => {
             state.mem.sealed();
-            Ok(state.written(p))
+            Ok(FlushReport {
+                took,
+                ..state.written(p)
+            })
         }
         Err(e) => Err(state.failed(db, e)),
     }
@@ -250,7 +271,9 @@ impl StoreState {
         self.stamped(p.stamp);
         self.meta = p.meta;
         self.mem.durable(p.seq);
-        self.mem.evict();
+        if !self.defer_eviction {
+            self.mem.evict(false);
+        }
         p.report
     }
 
@@ -509,7 +532,13 @@ fn reload(db: &DB, state: &mut StoreState) -> Result<(), Error> {
     mem.written_seq = meta.next_seq;
     mem.deleted_below = meta_u64(db, META_OUTBOX_HEAD)?.unwrap_or(0);
 
-    let mut it = db.raw_iterator_cf(cf(db, CF_SESSIONS));
+    // One pass over every stored session: its blocks are not kept in the block cache (they
+    // would fill it with what the cached sessions already hold, and take memory from the
+    // reads of evicted sessions that follow).
+    let mut scan = rocksdb::ReadOptions::default();
+    scan.fill_cache(false);
+    scan.set_readahead_size(2 * 1024 * 1024);
+    let mut it = db.raw_iterator_cf_opt(cf(db, CF_SESSIONS), scan);
     it.seek_to_first();
     let mut full = false;
     while let (Some(k), Some(v)) = (it.key(), it.value()) {
@@ -710,6 +739,7 @@ impl PartitionStore {
                 meta: Meta::default(),
                 mem: Mem::new(budget.sessions.clone()),
                 write_behind: false,
+                defer_eviction: false,
                 stale: false,
                 fail_commits: 0,
                 recording: false,
@@ -743,8 +773,9 @@ impl PartitionStore {
     /// Writes everything committed to memory since the last flush — each changed key's
     /// latest state and timer, new outbox entries, deletes of acknowledged ones, tenants'
     /// statistics, offset, partition time, counters — in ONE RocksDB write batch, recorded
-    /// for the changelog when recording. Then evicts clean sessions past the budget. Does
-    /// nothing when nothing is owed.
+    /// for the changelog when recording. Then evicts clean sessions past the budget, unless
+    /// eviction is deferred ([`PartitionStore::set_deferred_eviction`]). Does nothing when
+    /// nothing is owed.
     ///
     /// Errors: [`Error::Write`], [`Error::InjectedFault`], [`Error::Encode`]: nothing is
     /// stored, and the memory is reloaded from RocksDB (the store is its last durable
@@ -843,10 +874,16 @@ impl PartitionStore {
         };
         let InFlight { prepared } = self.in_flight.take().expect("checked above");
         match result {
-            Ok(()) => Ok(Some(FlushDone {
-                report: self.state.written(prepared),
-                took,
-            })),
+            Ok(()) => {
+                let report = self.state.written(prepared);
+                if self.state.defer_eviction {
+                    // Nothing is in flight now: every clean entry is in RocksDB. A
+                    // partition catching up starts its next write at once, so this may be
+                    // eviction's only chance before it (a share, as `evict` does).
+                    self.state.mem.evict(true);
+                }
+                Ok(Some(FlushDone { report, took }))
+            }
             Err(e) => Err(self.state.failed(&self.db, Error::Write(e))),
         }
     }
@@ -1052,6 +1089,28 @@ impl PartitionStore {
             self.flush()?;
         }
         Ok(deleted)
+    }
+
+    /// Flushes stop evicting (`true`; the runtime) or evict as they end (`false`, the
+    /// default): with eviction deferred the caller runs [`PartitionStore::evict`] when it
+    /// has handed a flush's emissions out, so a live partition's rounds never wait for an
+    /// eviction sweep.
+    pub fn set_deferred_eviction(&mut self, on: bool) {
+        self.state.defer_eviction = on;
+    }
+
+    /// Evicts clean sessions, least recently used first, while the process's session-cache
+    /// budget is exceeded (down to three quarters of it), visiting at most a few thousand
+    /// cached entries per call while the cache is at most an eighth over its budget (the
+    /// next call goes on from there): call it every loop turn with eviction deferred
+    /// ([`PartitionStore::set_deferred_eviction`]). Only entries RocksDB holds go: nothing
+    /// while a write started by [`PartitionStore::start_flush`] is not seen done (the
+    /// entries it took are clean in memory but not in RocksDB yet; a miss would read their
+    /// older state).
+    pub fn evict(&mut self) {
+        if self.in_flight.is_none() {
+            self.state.mem.evict(true);
+        }
     }
 
     /// Flushes RocksDB's memtables to disk (all column families together). Needed only with

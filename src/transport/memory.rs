@@ -51,6 +51,21 @@ struct StoredRecord {
     timestamp_ms: i64,
 }
 
+/// The records of one partition still held: offsets `start..start + records.len()`.
+#[derive(Debug, Default)]
+struct Log {
+    /// Offset of `records[0]`: records below it were dropped ([`MemoryBroker::trim_committed`]).
+    start: i64,
+    records: Vec<StoredRecord>,
+}
+
+impl Log {
+    /// Offset the next appended record gets (the log end).
+    fn end(&self) -> i64 {
+        self.start + self.records.len() as i64
+    }
+}
+
 /// Trace lines [`MemoryBroker::load_trace`] appends to one partition under one lock.
 const LOAD_CHUNK: usize = 1024;
 
@@ -59,7 +74,7 @@ const LOAD_READ: usize = 1 << 20;
 
 #[derive(Debug, Default)]
 struct PartitionLog {
-    records: Mutex<Vec<StoredRecord>>,
+    records: Mutex<Log>,
     /// Woken on every append.
     appended: Notify,
 }
@@ -385,9 +400,9 @@ impl MemoryBroker {
     fn append(&self, p: i32, records: &mut Vec<StoredRecord>) -> i64 {
         let log = &self.shared.partitions[p as usize];
         let offset = {
-            let mut log_records = lock(&log.records);
-            log_records.append(records);
-            log_records.len() as i64 - 1
+            let mut log = lock(&log.records);
+            log.records.append(records);
+            log.end() - 1
         };
         log.appended.notify_waiters();
         offset
@@ -532,7 +547,39 @@ impl MemoryBroker {
         self.shared
             .partitions
             .get(partition as usize)
-            .map_or(0, |log| lock(&log.records).len() as i64)
+            .map_or(0, |log| lock(&log.records).end())
+    }
+
+    /// Retention: drops every record of every partition below `group`'s committed offset
+    /// there (as a broker deletes consumed segments), so a long run holds only what the
+    /// group has not committed yet; offsets do not change. Returns the records dropped. A
+    /// reader positioned below a partition's new start (another group, or a seek back) reads
+    /// on from the start, with a warning.
+    pub fn trim_committed(&self, group: &str) -> u64 {
+        let committed: Vec<(i32, i64)> = lock(&self.shared.state)
+            .committed
+            .get(group)
+            .map(|m| m.iter().map(|(&p, &o)| (p, o)).collect())
+            .unwrap_or_default();
+        let mut dropped = 0;
+        for (p, below) in committed {
+            let Some(log) = self.shared.partitions.get(p as usize) else {
+                continue;
+            };
+            let mut log = lock(&log.records);
+            let n = (below.min(log.end()) - log.start).max(0) as usize;
+            if n == 0 {
+                continue;
+            }
+            log.records.drain(..n);
+            log.start += n as i64;
+            let len = log.records.len();
+            if log.records.capacity() > 4 * len.max(1024) {
+                log.records.shrink_to(2 * len);
+            }
+            dropped += n as u64;
+        }
+        dropped
     }
 
     /// Offset committed by `group` for `partition` (next offset to consume), if any.
@@ -773,8 +820,20 @@ impl MemoryInput {
 
     /// Takes up to `max` records at the current position; `None` when none is there.
     fn take(&mut self, max: usize) -> Option<InputBatch> {
-        let records = lock(&self.log().records);
-        let start = self.position.max(0) as usize;
+        let shared = Arc::clone(&self.broker.shared);
+        let log = lock(&shared.partitions[self.partition as usize].records);
+        if self.position < log.start {
+            // Dropped by `trim_committed` before this reader got to them.
+            tracing::warn!(
+                partition = self.partition,
+                from = self.position,
+                to = log.start,
+                "memory log: records below the log start were trimmed; reading on from the start"
+            );
+            self.position = log.start;
+        }
+        let records = &log.records;
+        let start = (self.position - log.start) as usize;
         if start >= records.len() {
             return None;
         }
@@ -785,7 +844,7 @@ impl MemoryInput {
                 .enumerate()
                 .map(|(i, r)| InputRecord {
                     partition: self.partition,
-                    offset: (start + i) as i64,
+                    offset: log.start + (start + i) as i64,
                     key: r.key.clone(),
                     payload: r.payload.clone(),
                     timestamp_ms: r.timestamp_ms,
@@ -794,8 +853,8 @@ impl MemoryInput {
             caught_up: end == records.len() && !self.broker.loading(),
             skipped: 0,
         };
-        drop(records);
-        self.position = end as i64;
+        self.position = log.start + end as i64;
+        drop(log);
         Some(batch)
     }
 }
@@ -838,7 +897,7 @@ impl PartitionInput for MemoryInput {
     }
 
     fn lag(&self) -> Option<u64> {
-        let end = lock(&self.log().records).len() as i64;
+        let end = lock(&self.log().records).end();
         Some(end.saturating_sub(self.position).max(0) as u64)
     }
 
@@ -1105,10 +1164,43 @@ mod tests {
         assert!(sink.publish_batch(Vec::new()).await.is_empty());
     }
 
+    #[tokio::test]
+    async fn trimming_drops_what_the_group_committed_and_keeps_offsets() {
+        let broker = MemoryBroker::new("uploads", 1);
+        for i in 0..10 {
+            broker.produce(Some(0), None, format!("r{i}").into_bytes(), i);
+        }
+        // Nothing committed yet: nothing dropped.
+        assert_eq!(broker.trim_committed("g"), 0);
+        let mut input = broker.inputs("g", &[0]).pop().unwrap();
+        let first = input.poll(4, Duration::ZERO).await.unwrap();
+        assert_eq!(first.records.len(), 4);
+        input.commit(6).await.unwrap();
+        assert_eq!(broker.trim_committed("g"), 6);
+        assert_eq!(broker.trim_committed("g"), 0);
+        assert_eq!(broker.end_offset(0), 10);
+        assert_eq!(log_of(&broker, 0).len(), 4);
+        // The reader at offset 4 (below the new start) goes on from 6; offsets are kept.
+        let rest = input.poll(100, Duration::ZERO).await.unwrap();
+        let offsets: Vec<i64> = rest.records.iter().map(|r| r.offset).collect();
+        assert_eq!(offsets, [6, 7, 8, 9]);
+        assert_eq!(&rest.records[0].payload[..], b"r6");
+        assert!(rest.caught_up);
+        assert_eq!(input.lag(), Some(0));
+        // Appends after a trim get the next offsets.
+        let (_, offset) = broker.produce(Some(0), None, b"r10".to_vec(), 10);
+        assert_eq!(offset, 10);
+        input.seek(10).await.unwrap();
+        let next = input.poll(100, Duration::ZERO).await.unwrap();
+        assert_eq!(next.records[0].offset, 10);
+        assert_eq!(&next.records[0].payload[..], b"r10");
+    }
+
     /// Every record of partition `p`'s log as `(key, payload, timestamp)`.
     fn log_of(broker: &MemoryBroker, p: i32) -> Vec<(Option<String>, String, i64)> {
         let text = |b: &Bytes| String::from_utf8(b.to_vec()).unwrap();
         lock(&broker.shared.partitions[p as usize].records)
+            .records
             .iter()
             .map(|r| (r.key.as_ref().map(text), text(&r.payload), r.timestamp_ms))
             .collect()

@@ -270,3 +270,122 @@ fn acknowledged_outbox_entries_are_deleted_in_and_out_of_order() {
     assert!(seqs(&mut store).is_empty());
     assert_eq!(store.outbox_len(), 0);
 }
+
+/// With eviction deferred (the runtime), a flush evicts nothing and one `evict` call does a
+/// bounded share of a sweep while the cache is only a little over its budget; the calls
+/// that follow finish it (down to three quarters of the budget), and the evicted sessions
+/// read back as they were written.
+#[test]
+fn deferred_eviction_is_spread_over_calls_and_loses_nothing() {
+    const BUDGET: usize = 4 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path(), BUDGET);
+    store.set_deferred_eviction(true);
+    let hour = Engine::new(PolicyTable::uniform(PolicySpec::fixed(3_600_000)));
+    let mut driver = Driver::new(hour);
+    let mut out = Vec::new();
+    let mut keys = Vec::new();
+    // Batches of 100 new sessions, each flushed, until the cache is just over its budget.
+    while store.cached_bytes() <= BUDGET {
+        let mut batch = store.batch();
+        for _ in 0..100 {
+            let key = SessionKey::new("tenant-with-a-long-name", &format!("s{}", keys.len()));
+            let t = T0 + keys.len() as Millis;
+            driver
+                .apply(&mut batch, t, &Upload::plain(key.clone(), t), &mut out)
+                .unwrap();
+            keys.push(key);
+        }
+        batch.commit().unwrap();
+        store.flush().unwrap();
+    }
+    assert!(keys.len() > 4 * 1024, "the sweep must take several calls");
+    let cached = store.cached_sessions();
+    assert_eq!(
+        cached,
+        keys.len(),
+        "a flush evicts nothing while eviction is deferred"
+    );
+    store.evict();
+    let after_one = store.cached_sessions();
+    assert!(after_one < cached, "one call evicts");
+    assert!(
+        store.cached_bytes() > BUDGET * 3 / 4,
+        "one call does a share of the sweep, not all of it"
+    );
+    let mut calls = 1;
+    while store.cached_bytes() > BUDGET * 3 / 4 {
+        store.evict();
+        calls += 1;
+        assert!(calls <= keys.len() / 1024 + 2, "the sweep ends");
+    }
+    assert!(store.cached_sessions() < after_one);
+    // Every session reads back as written (the first ones were evicted: read from RocksDB).
+    let mut memory = MemTable::new();
+    let mut driver = Driver::new(Engine::new(PolicyTable::uniform(PolicySpec::fixed(
+        3_600_000,
+    ))));
+    for (i, key) in keys.iter().enumerate() {
+        let t = T0 + i as Millis;
+        driver
+            .apply(
+                &mut memory,
+                t,
+                &Upload::plain(key.clone(), t),
+                &mut Vec::new(),
+            )
+            .unwrap();
+    }
+    let mut batch = store.batch();
+    for key in keys.iter().step_by(97) {
+        assert_eq!(batch.get(key).unwrap(), memory.get(key).unwrap(), "{key}");
+    }
+    batch.commit().unwrap();
+    assert_eq!(store.pending_rounds(), keys.len() as u64);
+}
+
+/// Deferred eviction never evicts what a write in flight holds (clean in memory, not yet in
+/// RocksDB: a miss would read the older state); once the write is seen done it does.
+#[test]
+fn deferred_eviction_waits_for_the_write_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path(), 64 * 1024);
+    store.set_deferred_eviction(true);
+    let mut driver = Driver::new(engine());
+    let mut out = Vec::new();
+    let keys: Vec<SessionKey> = (0..2_000)
+        .map(|i| SessionKey::new("t", &format!("s{i}")))
+        .collect();
+    let mut batch = store.batch();
+    for (i, key) in keys.iter().enumerate() {
+        let t = T0 + i as Millis;
+        driver
+            .apply(&mut batch, t, &Upload::plain(key.clone(), t), &mut out)
+            .unwrap();
+    }
+    batch.commit().unwrap();
+    assert!(
+        store.start_flush().unwrap(),
+        "the write goes to the writer thread"
+    );
+    let cached = store.cached_sessions();
+    assert_eq!(cached, keys.len());
+    store.evict();
+    assert_eq!(
+        store.cached_sessions(),
+        cached,
+        "nothing evicted while the write is in flight"
+    );
+    store.wait_flush().unwrap().expect("the write in flight");
+    for _ in 0..100 {
+        store.evict();
+    }
+    assert!(store.cached_bytes() <= 64 * 1024 * 3 / 4);
+    assert!(store.cached_sessions() < cached / 4);
+    let mut batch = store.batch();
+    for (i, key) in keys.iter().enumerate().step_by(37) {
+        let state = batch.get(key).unwrap().expect("stored");
+        assert_eq!(state.last_upload_at, T0 + i as Millis, "{key}");
+    }
+    batch.commit().unwrap();
+}
