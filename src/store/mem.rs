@@ -167,8 +167,8 @@ pub(crate) struct Slot {
     pub(crate) entry: Option<Entry>,
 }
 
-/// Most slots one [`Mem::evict`] call visits while the cache is at most an eighth over its
-/// budget (the rest of the sweep goes on at the next flush).
+/// Most slots one bounded [`Mem::evict`] call visits while the cache is at most an eighth
+/// over its budget (the rest of the sweep goes on at the next call).
 const EVICT_VISITS: usize = 1_024;
 
 /// Slots sampled to choose an eviction sweep's cut ([`Mem::evict`]).
@@ -632,7 +632,8 @@ impl Mem {
 
     /// Evicts clean entries, least recently used first, once the shared budget is exceeded:
     /// down to three quarters of it (so eviction runs rarely), or until a sweep over every
-    /// slot found no more. Call after a flush (dirty entries stay). A sweep chooses a cut
+    /// slot found no more. Call when no write holding clean entries is in flight (dirty
+    /// entries stay). A sweep chooses a cut
     /// from a sample of the clean entries' use ticks ([`EVICT_SAMPLE`] slots evenly spaced:
     /// every clean entry of a smaller cache), then evicts the clean entries used before the
     /// cut in slot order. `bounded`: while the cache is at most an eighth over its budget
@@ -653,7 +654,6 @@ impl Mem {
             };
             self.sweep = Some(Sweep { cut, next: 0 });
         }
-        self.last = None;
         let total = self.slot_count();
         let mut visits = 0usize;
         while let Some(sweep) = self.sweep.as_mut() {
@@ -679,6 +679,8 @@ impl Mem {
             let key = std::mem::replace(&mut slot.key, SessionKey::placeholder());
             self.index.remove(&key);
             self.free.push(i as u32);
+            // The remembered slot may be this one.
+            self.last = None;
             if e.state.is_some() || e.due.is_some() {
                 let idle = e.state.as_ref().filter(|s| s.round.is_none());
                 let idle = idle.map(|s| s.last_upload_at);
