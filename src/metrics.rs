@@ -572,7 +572,7 @@ impl PartitionMetrics {
 struct TierHandles {
     name: String,
     /// `[policy][trigger]`, made when first used.
-    emissions: [[Option<IntCounter>; 5]; 3],
+    emissions: [[Option<IntCounter>; Trigger::ALL.len()]; 3],
     /// `[policy]`.
     uploads: [Option<IntCounter>; 3],
     /// `[policy]`.
@@ -586,7 +586,7 @@ pub struct PublishMetrics {
     metrics: Metrics,
     tiers: Vec<TierHandles>,
     /// By `Trigger::ALL` index.
-    lateness: [Histogram; 5],
+    lateness: [Histogram; Trigger::ALL.len()],
 }
 
 fn policy_index(p: PolicyName) -> usize {
@@ -604,6 +604,7 @@ fn trigger_index(t: Trigger) -> usize {
         Trigger::MaxWait => 2,
         Trigger::Complete => 3,
         Trigger::Final => 4,
+        Trigger::Manual => 5,
     }
 }
 

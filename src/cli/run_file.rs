@@ -60,6 +60,7 @@ pub fn run(args: RunFileArgs) -> anyhow::Result<RunFileReport> {
 
 async fn run_async(args: RunFileArgs) -> anyhow::Result<RunFileReport> {
     let config = Config::load(args.config.as_deref())?;
+    crate::service::log_rules(&config);
     let broker = MemoryBroker::new(RUN_FILE_TOPIC, args.partitions.max(1));
     let trace_error = || format!("cannot read the trace {}", args.input.display());
     let trace = std::fs::File::open(&args.input).with_context(trace_error)?;

@@ -214,16 +214,16 @@ impl Engine {
             match round.max_wait_at {
                 Some(m) if m < round.deadline => {
                     // max-wait reached first. A round with no upload yet only moves its start.
-                    let max_wait = spec.max_wait.unwrap_or(m - round.start).max(1);
                     if round.uploads > 0 {
                         out.push(emission(spec, key, s, &round, Trigger::MaxWait, m));
-                    }
-                    if round.uploads > 0 {
                         round.parts.clear();
                     }
+                    // The continuation opens now, under the rule in force now (SEMANTICS §7):
+                    // without a max-wait it has none and ends at its debounce deadline.
                     s.round = Some(Box::new(Round {
                         start: m,
-                        max_wait_at: Some(m + max_wait),
+                        max_wait_at: spec.max_wait.map(|w| m + w.max(1)),
+                        policy: Some(spec.name),
                         uploads: 0,
                         first_upload_at: None,
                         last_upload_at: None,
@@ -293,13 +293,21 @@ fn apply_on_time(
             last_event_id: None,
             attributes: None,
             parts: Vec::new(),
+            policy: Some(spec.name),
         })
     });
     round.uploads += 1;
     round.first_upload_at.get_or_insert(at);
     round.last_upload_at = Some(at);
+    // The rule in force now times the round from this upload on (SEMANTICS §7): its
+    // debounce deadline and delay, its max-wait bound (start + max-wait, or none when the
+    // rule has none, also for a round opened under a rule that had one) and its policy.
     round.deadline = at + delay;
     round.delay = delay;
+    // Only a rule that changed can put the bound before this upload (under one rule a
+    // round due at its bound fires before an upload at or after it): due at once then.
+    round.max_wait_at = spec.max_wait.map(|w| (round.start + w).max(at));
+    round.policy = Some(spec.name);
     round.last_event_id.clone_from(&upload.event_id);
     round.attributes.clone_from(&upload.attributes);
     let mut complete = false;
@@ -366,7 +374,7 @@ fn emission(
         last_upload_at: round.last_upload_at.unwrap_or(s.last_upload_at),
         due_at,
         delay_ms: round.delay,
-        policy: spec.name,
+        policy: round.policy.unwrap_or(spec.name),
         last_event_id: round.last_event_id.clone(),
         attributes: round.attributes.clone(),
     }

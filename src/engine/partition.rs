@@ -113,6 +113,11 @@ impl Driver {
         &self.engine
     }
 
+    /// Drives `engine` from now on (new rules, SEMANTICS §7); the counters stay.
+    pub fn set_engine(&mut self, engine: Engine) {
+        self.engine = engine;
+    }
+
     /// Fires every timer due at or before `now` (ms) in `(due, key)` order, appending
     /// emissions to `out`. Returns how many timers fired.
     pub fn advance<T: SessionTable>(

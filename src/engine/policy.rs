@@ -120,6 +120,55 @@ impl PolicySpec {
     }
 }
 
+impl PolicySpec {
+    /// Whether a round timed under this rule keeps its timing under `self`: the same policy,
+    /// the same delay (`fixed`, `leading-trailing`) or a delay `adaptive` could have chosen
+    /// (within `[min-delay, max-delay]`), and the same max-wait bound (none, or
+    /// `start + max-wait`). `false` for a round that does not name its policy (stored before
+    /// rounds recorded it). What the start-up log counts (SEMANTICS §7: a round keeps its
+    /// due time until its next upload, then the rule in force times it).
+    pub fn times_alike(&self, round: &super::types::Round) -> bool {
+        let delay_alike = match self.name {
+            PolicyName::Fixed | PolicyName::LeadingTrailing => round.delay == self.delay,
+            PolicyName::Adaptive => (self.min_delay..=self.max_delay).contains(&round.delay),
+        };
+        round.policy == Some(self.name)
+            && delay_alike
+            && round.max_wait_at == self.max_wait.map(|w| round.start + w)
+    }
+}
+
+impl std::fmt::Display for PolicySpec {
+    /// One line for logs: `fixed delay=30s max-wait=20s state-ttl=1day`,
+    /// `adaptive min-delay=2s max-delay=10s max-wait=off state-ttl=30s learn-initial-delay`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let d = |ms: Millis| {
+            humantime::format_duration(core::time::Duration::from_millis(ms.max(0) as u64))
+        };
+        f.write_str(self.name.as_str())?;
+        match self.name {
+            PolicyName::Fixed | PolicyName::LeadingTrailing => {
+                write!(f, " delay={}", d(self.delay))?
+            }
+            PolicyName::Adaptive => write!(
+                f,
+                " min-delay={} max-delay={}",
+                d(self.min_delay),
+                d(self.max_delay)
+            )?,
+        }
+        match self.max_wait {
+            Some(w) => write!(f, " max-wait={}", d(w))?,
+            None => f.write_str(" max-wait=off")?,
+        }
+        write!(f, " state-ttl={}", d(self.state_ttl))?;
+        if self.learn_initial_delay && self.name == PolicyName::Adaptive {
+            f.write_str(" learn-initial-delay")?;
+        }
+        Ok(())
+    }
+}
+
 /// The default policy plus per-tenant overrides (`[debounce.tenants.NAME]`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PolicyTable {
@@ -144,5 +193,59 @@ impl PolicyTable {
             return &self.default;
         }
         self.tenants.get(tenant).unwrap_or(&self.default)
+    }
+
+    /// A number that changes whenever a rule of the table changes (FNV-1a over the rules'
+    /// [`Display`](std::fmt::Display) text, tenants in name order): stable across processes
+    /// and builds, so a store can tell whether it was last run under the same rules.
+    pub fn fingerprint(&self) -> u64 {
+        let mut text = self.default.to_string();
+        let mut tenants: Vec<(&String, &PolicySpec)> = self.tenants.iter().collect();
+        tenants.sort_by_key(|(name, _)| *name);
+        for (name, spec) in tenants {
+            text.push_str(&format!("\n{name}: {spec}"));
+        }
+        text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+    }
+}
+
+impl std::fmt::Display for PolicyTable {
+    /// The default rule, then `; tenant NAME: rule` per override in name order.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.default)?;
+        let mut tenants: Vec<(&String, &PolicySpec)> = self.tenants.iter().collect();
+        tenants.sort_by_key(|(name, _)| *name);
+        for (name, spec) in tenants {
+            write!(f, "; tenant {name}: {spec}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rules_print_their_parameters_and_the_fingerprint_follows_them() {
+        let a = PolicySpec::fixed(30_000).with_max_wait(20_000);
+        let c = PolicySpec::adaptive(2_000, 10_000).with_state_ttl(30_000);
+        assert_eq!(a.to_string(), "fixed delay=30s max-wait=20s state-ttl=1day");
+        assert_eq!(
+            c.to_string(),
+            "adaptive min-delay=2s max-delay=10s max-wait=off state-ttl=30s"
+        );
+        let mut table = PolicyTable::uniform(c.clone());
+        let plain = table.fingerprint();
+        assert_eq!(plain, PolicyTable::uniform(c.clone()).fingerprint());
+        assert_ne!(plain, PolicyTable::uniform(a.clone()).fingerprint());
+        table.tenants.insert("acme".into(), a);
+        assert_ne!(table.fingerprint(), plain);
+        assert_eq!(
+            table.to_string(),
+            "adaptive min-delay=2s max-delay=10s max-wait=off state-ttl=30s; tenant acme: fixed delay=30s max-wait=20s state-ttl=1day"
+        );
     }
 }

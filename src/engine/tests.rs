@@ -706,3 +706,106 @@ fn mem_table_remembers_the_last_key_without_answering_for_a_reused_slot() {
     );
     assert!(!t.has_timer(20, &key("c")).unwrap());
 }
+
+/// Applies `times` (event time = partition time) to key `s` through `driver` over `table`,
+/// firing what falls due in between.
+fn feed(driver: &mut Driver, table: &mut MemTable, times: &[Millis], out: &mut Vec<Emission>) {
+    for &t in times {
+        driver
+            .apply(table, t, &Upload::plain(key("s"), t), out)
+            .unwrap();
+    }
+}
+
+#[test]
+fn a_removed_max_wait_cuts_no_round_after_the_next_upload() {
+    // Issue "hours, not minutes" #2: config A (fixed 30 s, max-wait 20 s) for a while, then
+    // config C (adaptive 2 s..10 s, no max-wait) on the same state; the session keeps
+    // uploading every 1.5 s. SEMANTICS §7: the new rule applies from each key's next upload.
+    let a = PolicySpec::fixed(30_000).with_max_wait(20_000);
+    let c = PolicySpec::adaptive(2_000, 10_000);
+    let mut table = MemTable::new();
+    let mut out = Vec::new();
+    let mut d = Driver::new(Engine::new(PolicyTable::uniform(a)));
+    let under_a: Vec<Millis> = (0..20).map(|i| i * 1_500).collect(); // 0 ..= 28 500
+    feed(&mut d, &mut table, &under_a, &mut out);
+    // Under A the round opened at 0 was cut at 20 000 by max-wait.
+    assert_eq!(summary(&out), vec![(20_000, Trigger::MaxWait, 14)]);
+    assert_eq!(out[0].policy, PolicyName::Fixed);
+    out.clear();
+    // The "restart" with config C: the same stored state, a new engine.
+    let mut d = Driver::new(Engine::new(PolicyTable::uniform(c)));
+    let under_c: Vec<Millis> = (20..80).map(|i| i * 1_500).collect(); // 30 000 ..= 118 500
+    feed(&mut d, &mut table, &under_c, &mut out);
+    d.advance(&mut table, Millis::MAX / 2, &mut out).unwrap();
+    assert!(
+        out.iter().all(|e| e.trigger != Trigger::MaxWait),
+        "no max-wait under a rule without one: {:?}",
+        summary(&out)
+    );
+    // One round from 20 000 (the continuation of A's cut) to the last upload; adaptive's
+    // CallTrack starts at min-delay 2 s (interval 1.5 s < 2 s keeps it there).
+    assert_eq!(
+        summary(&out),
+        vec![(118_500 + 2_000, Trigger::Trailing, 66)]
+    );
+    assert_eq!(
+        (out[0].policy, out[0].delay_ms),
+        (PolicyName::Adaptive, 2_000)
+    );
+}
+
+#[test]
+fn a_pending_round_keeps_its_due_time_and_rule_until_its_next_upload() {
+    // SEMANTICS §7: a round timed under fixed 30 s fires under that rule when no upload
+    // comes after the change: due at 30 000 after its upload at 0, `policy fixed`,
+    // `delay_ms 30000` (not the adaptive rule in force when it fires).
+    let mut table = MemTable::new();
+    let mut out = Vec::new();
+    let mut d = Driver::new(Engine::new(PolicyTable::uniform(
+        PolicySpec::fixed(30_000).with_max_wait(20_000),
+    )));
+    feed(&mut d, &mut table, &[0, 1_000], &mut out);
+    let mut d = Driver::new(Engine::new(PolicyTable::uniform(PolicySpec::adaptive(
+        2_000, 10_000,
+    ))));
+    d.advance(&mut table, 19_999, &mut out).unwrap();
+    assert!(
+        out.is_empty(),
+        "the round keeps its due time (max-wait 20 000)"
+    );
+    d.advance(&mut table, 40_000, &mut out).unwrap();
+    assert_eq!(summary(&out), vec![(20_000, Trigger::MaxWait, 2)]);
+    assert_eq!(
+        (out[0].policy, out[0].delay_ms),
+        (PolicyName::Fixed, 30_000)
+    );
+    // The continuation opened at 20 000 under the adaptive rule, which has no max-wait:
+    // it ends silently at A's old deadline (31 000), and the key keeps no round.
+    let state = table.get(&key("s")).unwrap().unwrap();
+    assert!(state.round.is_none(), "{state:?}");
+    assert_eq!(out.len(), 1);
+}
+
+#[test]
+fn a_max_wait_added_by_a_new_rule_bounds_the_round_from_its_start() {
+    // fixed 30 s without max-wait, uploads at 0 and 1 000; then max-wait 5 s is added: the
+    // next upload at 2 000 sets the bound at start + 5 s = 5 000. A bound already behind
+    // the upload (max-wait 1 s: 1 000 < 2 000) makes the round due at that upload.
+    for (max_wait, due) in [(5_000, 5_000), (1_000, 2_000)] {
+        let mut table = MemTable::new();
+        let mut out = Vec::new();
+        let mut d = Driver::new(Engine::new(PolicyTable::uniform(PolicySpec::fixed(30_000))));
+        feed(&mut d, &mut table, &[0, 1_000], &mut out);
+        let spec = PolicySpec::fixed(30_000).with_max_wait(max_wait);
+        let mut d = Driver::new(Engine::new(PolicyTable::uniform(spec)));
+        feed(&mut d, &mut table, &[2_000], &mut out);
+        d.advance(&mut table, 100_000, &mut out).unwrap();
+        assert_eq!(
+            summary(&out)[0],
+            (due, Trigger::MaxWait, 3),
+            "max-wait {max_wait}"
+        );
+        assert!(out[0].last_upload_at <= out[0].due_at);
+    }
+}

@@ -143,19 +143,22 @@ pub enum Trigger {
     Complete,
     /// An upload carried `final: true`.
     Final,
+    /// An operator flushed the round (SEMANTICS §7): `due_at` is when the action was applied.
+    Manual,
 }
 
 impl Trigger {
     /// All triggers, in the order used by reports.
-    pub const ALL: [Trigger; 5] = [
+    pub const ALL: [Trigger; 6] = [
         Trigger::Leading,
         Trigger::Trailing,
         Trigger::MaxWait,
         Trigger::Complete,
         Trigger::Final,
+        Trigger::Manual,
     ];
 
-    /// The wire name (`leading`, `trailing`, `max_wait`, `complete`, `final`).
+    /// The wire name (`leading`, `trailing`, `max_wait`, `complete`, `final`, `manual`).
     pub fn as_str(self) -> &'static str {
         match self {
             Trigger::Leading => "leading",
@@ -163,6 +166,7 @@ impl Trigger {
             Trigger::MaxWait => "max_wait",
             Trigger::Complete => "complete",
             Trigger::Final => "final",
+            Trigger::Manual => "manual",
         }
     }
 }
@@ -237,6 +241,16 @@ pub struct Round {
     pub attributes: Option<String>,
     /// Distinct split-upload part indexes seen in this round, sorted.
     pub parts: Vec<u32>,
+    /// The policy of the rule that timed this round: the one in force when its last
+    /// on-time upload was applied (or when it opened). It names the emission's `policy`
+    /// (SEMANTICS §2), whatever rule is in force when the round fires: a rule that changed
+    /// since (a restart with another `[debounce]`, an override, SEMANTICS §7) applies from the
+    /// round's next upload on. `None` only for a round stored by a settle that did not
+    /// record it (before 0.1 stores, layout 2 without its trailer); the policy in force at
+    /// fire time names such a round. Not in the serde (postcard) form: the store writes it in
+    /// the value's trailer (`store::keys`).
+    #[serde(skip)]
+    pub policy: Option<PolicyName>,
 }
 
 impl Round {

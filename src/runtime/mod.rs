@@ -46,6 +46,7 @@ pub mod partition;
 pub mod progress;
 pub mod publisher;
 pub mod restore;
+pub mod rules;
 pub mod status;
 pub mod throttle;
 pub mod tier_events;
@@ -57,6 +58,7 @@ pub use lookup::{Lookup, SessionLookup, SessionView};
 pub use pacer::CatchUpPacer;
 pub use partition::{PartitionContext, PartitionExit, PartitionSettings};
 pub use publisher::{Fence, PublishTarget, TierRouting};
+pub use rules::Rules;
 pub use status::{PartitionState, PartitionStatus, StatusBoard, StatusMap};
 pub use tier_events::{read_snapshot, TierSnapshot, TIERS_FILE};
 
@@ -227,7 +229,7 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
         Ok(Runtime {
             liveness,
             ctx: PartitionContext {
-                engine,
+                rules: Rules::new(engine),
                 sink,
                 clock,
                 tiers,
@@ -252,6 +254,12 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
         self.ctx.tiers.router.lock().set_instance(instance);
         self.tier_counts = Some(counts);
         self
+    }
+
+    /// The debounce rules in force (clone it before `run`): setting new ones applies them
+    /// in every partition task from its next loop turn on (SEMANTICS §7).
+    pub fn rules(&self) -> Rules {
+        self.ctx.rules.clone()
     }
 
     /// The status board the partition tasks write (clone it before `run`).
@@ -486,7 +494,7 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
                 };
                 let restored = restore::open_and_restore(
                     &ctx.sink,
-                    &ctx.engine,
+                    &ctx.rules.current(),
                     txn.is_some(),
                     &path,
                     &store_options,

@@ -188,8 +188,8 @@ pub struct PartitionSettings {
 /// Everything a partition task needs besides its store and input. Cheap to clone.
 #[derive(Clone)]
 pub struct PartitionContext<K, C> {
-    /// The debounce engine (policies).
-    pub engine: Engine,
+    /// The debounce rules in force (policies); a task takes new ones at its next loop turn.
+    pub rules: super::rules::Rules,
     /// Where emissions and dead letters go.
     pub sink: K,
     /// The wall clock.
@@ -275,10 +275,13 @@ pub async fn run<I: PartitionInput, K: Sink, C: Clock>(
     );
     // Unregistered when this function returns.
     let (_registration, queries) = ctx.sessions.register(partition);
+    let mut rules = ctx.rules.subscribe();
+    let first_rules = rules.borrow_and_update().clone();
     let mut task = Task {
         status: PartitionStatus::starting(input.topic(), partition),
         clock: PartitionClock::resume(store.partition_time()),
-        driver: Driver::new(ctx.engine.clone()),
+        driver: Driver::new(first_rules),
+        rules,
         pacer: CatchUpPacer::new(ctx.settings.catch_up_rate),
         started_at: ctx.clock.now_ms(),
         catch_up: CatchUpQueue::new(),
@@ -341,6 +344,8 @@ struct Task<I, K, C> {
     input: I,
     clock: PartitionClock,
     driver: Driver,
+    /// The rules in force: a change is taken at the start of a loop turn (`runtime::rules`).
+    rules: tokio::sync::watch::Receiver<Engine>,
     pacer: CatchUpPacer,
     /// Wall clock (ms) when this task took the partition (its store open and restored).
     /// Only rounds due before it can be overdue (paced at `catch-up-rate`): they fell due
@@ -462,6 +467,7 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
     }
 
     async fn run(&mut self, cancel: &CancellationToken) -> Result<(), String> {
+        self.check_rules().map_err(fatal)?;
         if let Some(next) = self.store.stored_offset() {
             self.seek(next, cancel).await?;
         }
@@ -476,6 +482,11 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
         self.refresh_status().map_err(fatal)?;
         let mut paused: Option<Duration> = None;
         loop {
+            if self.rules.has_changed().unwrap_or(false) {
+                let engine = self.rules.borrow_and_update().clone();
+                tracing::info!(partition = self.partition(), rules = %engine.policies(), "debounce rules changed: applied to every upload from here on");
+                self.driver.set_engine(engine);
+            }
             self.take_acks().map_err(fatal)?;
             if self.txn.is_none() {
                 self.flush_if_due(false).map_err(fatal)?;
@@ -486,7 +497,7 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
             // their way (a share of a sweep per turn; `PartitionStore::evict`).
             self.store.evict();
             while let Ok(q) = self.queries.try_recv() {
-                answer(&self.store, &self.ctx.engine, &self.status, q);
+                answer(&self.store, self.driver.engine(), &self.status, q);
             }
             if cancel.is_cancelled() {
                 return Ok(());
@@ -518,7 +529,7 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
                             () = cancel.cancelled() => return Ok(()),
                             r = &mut poll => break r,
                             Some(q) = self.queries.recv() => {
-                                answer(&self.store, &self.ctx.engine, &self.status, q);
+                                answer(&self.store, self.driver.engine(), &self.status, q);
                             }
                         }
                     }
@@ -578,6 +589,58 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
             // Let the publisher and other partitions run between steps of a long catch-up.
             tokio::task::yield_now().await;
         }
+    }
+
+    /// At start: when the debounce rules differ from those the store last ran under (its
+    /// stamp, `PolicyTable::fingerprint`), counts the pending rounds timed under another
+    /// rule and says so (SEMANTICS §7: each keeps its due time until its next upload, then
+    /// the rule in force times it), then stamps the store with the rules in force. One scan
+    /// of the store's sessions, only when the rules changed (a restart with another
+    /// `[debounce]`, a store restored from the changelog or written by an older settle).
+    ///
+    /// Errors: the store's (reading the sessions, writing the stamp).
+    fn check_rules(&mut self) -> Result<(), store::Error> {
+        let engine = self.driver.engine();
+        let fingerprint = engine.policies().fingerprint();
+        let stamp = self.store.rules_stamp()?;
+        if stamp == Some(fingerprint) {
+            return Ok(());
+        }
+        let (mut other, mut unrecorded) = (0u64, 0u64);
+        let mut by_policy: std::collections::BTreeMap<&'static str, u64> = Default::default();
+        let rounds = self.store.scan_rounds(|key, round| match round.policy {
+            None => unrecorded += 1,
+            Some(p) if !engine.spec_for(key).times_alike(round) => {
+                other += 1;
+                *by_policy.entry(p.as_str()).or_default() += 1;
+            }
+            Some(_) => {}
+        })?;
+        let by_policy = by_policy
+            .iter()
+            .map(|(p, n)| format!("{p}: {n}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        if other + unrecorded > 0 {
+            tracing::warn!(
+                partition = self.partition(),
+                pending_rounds = rounds,
+                timed_under_other_rules = other,
+                by_policy = %by_policy,
+                without_recorded_rule = unrecorded,
+                rules = %engine.policies(),
+                "pending rounds were timed under other debounce rules than those in force: each keeps its due time until its next upload, then the rules in force time it (SEMANTICS §7); its emission names the policy and delay that timed it"
+            );
+        } else if stamp.is_some() {
+            tracing::info!(
+                partition = self.partition(),
+                pending_rounds = rounds,
+                timed_under_other_rules = 0,
+                rules = %engine.policies(),
+                "debounce rules changed since the store last ran; no pending round was timed otherwise"
+            );
+        }
+        self.store.set_rules_stamp(fingerprint)
     }
 
     /// Writes what the store holds in memory when the flush interval has passed since the

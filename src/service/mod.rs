@@ -185,8 +185,21 @@ async fn serve<S: Source, K: Sink>(
     Ok(summary?)
 }
 
+/// The debounce rules a run starts with (`[debounce]` and its tenant overrides), as one log
+/// line: what the partitions apply to every upload from now on (SEMANTICS §7). Each
+/// partition then says how many of its pending rounds were timed under other rules.
+pub fn log_rules(config: &Config) {
+    let table = config.policy_table();
+    tracing::info!(
+        rules = %table,
+        tenant_overrides = table.tenants.len(),
+        "debounce rules in force"
+    );
+}
+
 /// The start line of `settle run`: the config file and what it says of the transport.
 fn log_start(config: &Config, file: Option<&Path>) {
+    log_rules(config);
     let shown = file.map_or("(defaults)".into(), |p| p.display().to_string());
     let data_dir = config.store.data_dir.display();
     match config.transport {

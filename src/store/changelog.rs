@@ -57,6 +57,9 @@ pub(crate) const META_CHANGELOG_NEXT: &[u8] = b"changelog_next";
 pub(crate) const META_CHANGELOG_DIRTY: &[u8] = b"changelog_dirty";
 /// `meta` key of this store lineage's writer id (local only): 8 bytes BE.
 pub(crate) const META_WRITER_ID: &[u8] = b"writer_id";
+/// `meta` key of the fingerprint of the debounce rules the store was last opened under
+/// (local only, `engine::PolicyTable::fingerprint`): 8 bytes BE.
+pub(crate) const META_RULES: &[u8] = b"rules";
 /// `meta` key recorded with every write: the writer id of the store that wrote it, 8 bytes BE.
 pub const META_WRITER: &[u8] = b"writer";
 
@@ -102,7 +105,10 @@ pub fn split_changelog_key(key: &[u8]) -> Result<(&'static str, &[u8]), Error> {
 
 /// True for the `meta` keys that stay in the local store.
 pub(crate) fn is_local_meta(key: &[u8]) -> bool {
-    key == META_CHANGELOG_NEXT || key == META_CHANGELOG_DIRTY || key == META_WRITER_ID
+    key == META_CHANGELOG_NEXT
+        || key == META_CHANGELOG_DIRTY
+        || key == META_WRITER_ID
+        || key == META_RULES
 }
 
 /// True for the writes that are not recorded (module docs: local `meta` keys).

@@ -97,9 +97,15 @@ pub(crate) fn decode_meta_u64(key: &[u8], bytes: &[u8]) -> Result<u64, Error> {
 
 /// Encodes a `sessions` value into `buf`, cleared first, so one buffer serves every state of
 /// a flush. Returns the buffer. Shape: `0x01 ‖ encode_due(due)` (9 bytes) for a key with a
-/// timer, `0x00` for one without, then the state (postcard). The timer rides with its state so the in-memory
+/// timer, `0x00` for one without, then the state (postcard), then, for a state with an open
+/// round, the round's trailer ([`wire::round_trailer`]: what the postcard form leaves out, as
+/// tagged fields). The timer rides with its state so the in-memory
 /// timer index is rebuilt at open from one scan of `sessions` (reading the 1–9 byte timer prefix, no
 /// decoding), and a flush writes one record per changed key.
+///
+/// The trailer keeps layout 2 readable both ways: a value written before it existed decodes
+/// with the trailer's fields at their defaults (`Round::policy` `None`), and postcard, which
+/// ignores bytes after a value, reads a value with a trailer as before.
 pub(crate) fn encode_session_into(
     due: Option<Millis>,
     state: &SessionState,
@@ -114,6 +120,9 @@ pub(crate) fn encode_session_into(
         None => buf.push(NO_TIMER),
     }
     wire::state(&mut buf, state);
+    if let Some(round) = &state.round {
+        wire::round_trailer(&mut buf, round);
+    }
     Ok(buf)
 }
 
@@ -123,7 +132,10 @@ pub(crate) fn encode_session_into(
 /// is a 0/1 tag before its value, a string or sequence its length before its items, an
 /// enum's unit variant its index, structs their fields in declaration order.
 mod wire {
-    use crate::engine::{Emission, PolicyName, SessionState, Trigger};
+    use crate::engine::{Emission, PolicyName, Round, SessionState, Trigger};
+
+    /// Trailer field: [`Round::policy`], its variant index (a varint).
+    pub(super) const ROUND_POLICY: u64 = 1;
 
     fn varint(out: &mut Vec<u8>, mut v: u64) {
         while v >= 0x80 {
@@ -203,6 +215,7 @@ mod wire {
             Trigger::MaxWait => 2,
             Trigger::Complete => 3,
             Trigger::Final => 4,
+            Trigger::Manual => 5,
         }
     }
 
@@ -213,6 +226,63 @@ mod wire {
             PolicyName::LeadingTrailing => 1,
             PolicyName::Adaptive => 2,
         }
+    }
+
+    /// The [`PolicyName`] of a variant index, `None` for an unknown one.
+    pub(super) fn policy_of(index: u64) -> Option<PolicyName> {
+        match index {
+            0 => Some(PolicyName::Fixed),
+            1 => Some(PolicyName::LeadingTrailing),
+            2 => Some(PolicyName::Adaptive),
+            _ => None,
+        }
+    }
+
+    /// The round's fields that its postcard form leaves out, after the state: a sequence of
+    /// `tag ‖ length ‖ bytes` (tag and length varints), one per field that is set. A reader
+    /// skips a tag it does not know, so fields can be added without a new layout.
+    pub(super) fn round_trailer(out: &mut Vec<u8>, r: &Round) {
+        if let Some(p) = r.policy {
+            varint(out, ROUND_POLICY);
+            varint(out, 1);
+            varint(out, policy_index(p));
+        }
+    }
+
+    /// A varint at the front of `bytes`, and the rest; `None` when it is cut short or longer
+    /// than 10 bytes.
+    fn take_varint(bytes: &[u8]) -> Option<(u64, &[u8])> {
+        let mut v = 0u64;
+        for (i, &b) in bytes.iter().enumerate().take(10) {
+            v |= u64::from(b & 0x7f) << (7 * i);
+            if b & 0x80 == 0 {
+                return Some((v, &bytes[i + 1..]));
+            }
+        }
+        None
+    }
+
+    /// Reads a trailer written by [`round_trailer`] into `r`. Errors: a field cut short, or a
+    /// known field with a value it cannot have (the text says which).
+    pub(super) fn read_round_trailer(mut bytes: &[u8], r: &mut Round) -> Result<(), String> {
+        while !bytes.is_empty() {
+            let (tag, rest) = take_varint(bytes).ok_or("round trailer: tag cut short")?;
+            let (len, rest) = take_varint(rest).ok_or("round trailer: length cut short")?;
+            let len = usize::try_from(len).unwrap_or(usize::MAX);
+            let field = rest
+                .get(..len)
+                .ok_or_else(|| format!("round trailer: field {tag} of {len} bytes cut short"))?;
+            if tag == ROUND_POLICY {
+                let index = take_varint(field).map(|(v, _)| v);
+                r.policy = Some(
+                    index
+                        .and_then(policy_of)
+                        .ok_or_else(|| format!("round trailer: unknown policy {index:?}"))?,
+                );
+            }
+            bytes = &rest[len..];
+        }
+        Ok(())
     }
 }
 
@@ -246,7 +316,24 @@ pub(crate) fn decode_session(
     bytes: &[u8],
 ) -> Result<(Option<Millis>, SessionState), Error> {
     let (due, at) = session_due(key, bytes)?;
-    Ok((due, decode(CF_SESSIONS, key, &bytes[at..])?))
+    let corrupt = |reason: String| Error::Corrupt {
+        cf: CF_SESSIONS,
+        key: printable(key),
+        reason,
+    };
+    let (mut state, trailer) = postcard::take_from_bytes::<SessionState>(&bytes[at..])
+        .map_err(|e| corrupt(e.to_string()))?;
+    match state.round.as_deref_mut() {
+        Some(round) => wire::read_round_trailer(trailer, round).map_err(corrupt)?,
+        None if trailer.is_empty() => {}
+        None => {
+            return Err(corrupt(format!(
+                "{} bytes after a state without a round",
+                trailer.len()
+            )))
+        }
+    }
+    Ok((due, state))
 }
 
 /// Encodes a `tenants` value (postcard) into `buf`, cleared first (see
@@ -392,6 +479,7 @@ mod tests {
                     Box::new(crate::engine::Round {
                         start, deadline, max_wait_at, delay, uploads, first_upload_at,
                         last_upload_at, last_event_id, attributes, parts,
+                        policy: wire::policy_of(delay.unsigned_abs() % 4),
                     })
                 }),
             }
@@ -403,7 +491,7 @@ mod tests {
             tenant in "[a-z]{1,8}",
             session in "[a-z0-9]{1,40}",
             ints in (arb_millis(), any::<u64>(), any::<u32>(), arb_millis(), arb_millis(), arb_millis(), arb_millis()),
-            trigger in 0usize..5,
+            trigger in 0usize..Trigger::ALL.len(),
             policy in 0usize..3,
             last_event_id in arb_text(),
             attributes in arb_text(),
@@ -412,7 +500,7 @@ mod tests {
             Emission {
                 key: SessionKey::new(&tenant, &session),
                 state_created_at, generation,
-                trigger: [Trigger::Leading, Trigger::Trailing, Trigger::MaxWait, Trigger::Complete, Trigger::Final][trigger],
+                trigger: Trigger::ALL[trigger],
                 uploads, first_upload_at, last_upload_at, due_at, delay_ms,
                 policy: [PolicyName::Fixed, PolicyName::LeadingTrailing, PolicyName::Adaptive][policy],
                 last_event_id, attributes,
@@ -421,16 +509,66 @@ mod tests {
     }
 
     proptest! {
-        /// The hand-written encoders give postcard's bytes, and postcard reads them back.
+        /// The hand-written encoders give postcard's bytes (a session value: then its
+        /// round's trailer), and the decoders read them back whole.
         #[test]
         fn hand_encoding_is_postcard(state in arb_state(), emission in arb_emission()) {
             let buf = encode_session_into(None, &state, vec![9; 40]).unwrap();
-            prop_assert_eq!(&buf[1..], &postcard::to_allocvec(&state).unwrap()[..]);
-            prop_assert_eq!(decode_session(b"t/s", &buf).unwrap(), (None, state));
+            let postcard = postcard::to_allocvec(&state).unwrap();
+            prop_assert_eq!(&buf[1..=postcard.len()], &postcard[..]);
+            prop_assert_eq!(decode_session(b"t/s", &buf).unwrap(), (None, state.clone()));
+            // A value written before the trailer existed: read with the trailer's defaults.
+            let mut old = vec![NO_TIMER];
+            old.extend_from_slice(&postcard);
+            let mut without = state;
+            if let Some(r) = without.round.as_deref_mut() {
+                r.policy = None;
+            }
+            prop_assert_eq!(decode_session(b"t/s", &old).unwrap(), (None, without));
             let buf = encode_emission_into(&emission, vec![9; 40]).unwrap();
             prop_assert_eq!(&buf[..], &postcard::to_allocvec(&emission).unwrap()[..]);
             prop_assert_eq!(decode_emission(b"k", &buf).unwrap(), emission);
         }
+    }
+
+    #[test]
+    fn a_trailer_field_it_does_not_know_is_skipped_and_a_cut_one_is_corrupt() {
+        let round = crate::engine::Round {
+            start: 1,
+            deadline: 2,
+            max_wait_at: None,
+            delay: 1,
+            uploads: 1,
+            first_upload_at: Some(1),
+            last_upload_at: Some(1),
+            last_event_id: None,
+            attributes: None,
+            parts: vec![],
+            policy: Some(PolicyName::LeadingTrailing),
+        };
+        let state = SessionState {
+            round: Some(Box::new(round)),
+            ..SessionState::default()
+        };
+        let buf = encode_session_into(Some(7), &state, Vec::new()).unwrap();
+        // A field of a later settle (tag 99, 3 bytes) before the known one: skipped.
+        let cut = buf.len() - 3;
+        let mut later = buf[..cut].to_vec();
+        later.extend_from_slice(&[99, 3, 1, 2, 3]);
+        later.extend_from_slice(&buf[cut..]);
+        assert_eq!(
+            decode_session(b"t/s", &later).unwrap(),
+            (Some(7), state.clone())
+        );
+        // Cut in the middle of a field, or a policy index that names none: corrupt, named.
+        let err = decode_session(b"t/s", &buf[..buf.len() - 1])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("t/s") && err.contains("cut short"), "{err}");
+        let mut bad = buf.clone();
+        *bad.last_mut().unwrap() = 9;
+        let err = decode_session(b"t/s", &bad).unwrap_err().to_string();
+        assert!(err.contains("unknown policy"), "{err}");
     }
 
     #[test]

@@ -1177,6 +1177,55 @@ impl PartitionStore {
         Ok(())
     }
 
+    /// The fingerprint of the debounce rules this store was last opened under
+    /// ([`PartitionStore::set_rules_stamp`]; `engine::PolicyTable::fingerprint`), `None`
+    /// when never stamped (a new store, a store restored from a changelog, or one written
+    /// before stores were stamped). Local: not on the changelog.
+    ///
+    /// Errors: [`Error::Read`], [`Error::Corrupt`].
+    pub fn rules_stamp(&self) -> Result<Option<u64>, Error> {
+        meta_u64(&self.db, changelog::META_RULES)
+    }
+
+    /// Stores `fingerprint` as the rules this store runs under, in one local write (not
+    /// recorded for the changelog).
+    ///
+    /// Errors: [`Error::Write`].
+    pub fn set_rules_stamp(&mut self, fingerprint: u64) -> Result<(), Error> {
+        let mut w = changelog::Writes::new(&self.db, None);
+        w.put_local(changelog::META_RULES, &fingerprint.to_be_bytes());
+        w.write(&self.state.write_opts)
+    }
+
+    /// Calls `f` with every open round durable in the store, with its key, in key order: one
+    /// scan of `sessions` decoding each state (a second or so per million sessions; the
+    /// runtime does it at start only when the rules changed). Reads RocksDB, not memory:
+    /// call it before the first batch of a run, or after a flush. Returns the number of
+    /// rounds seen.
+    ///
+    /// Errors: [`Error::Read`], [`Error::Corrupt`].
+    pub fn scan_rounds(
+        &self,
+        mut f: impl FnMut(&SessionKey, &crate::engine::Round),
+    ) -> Result<u64, Error> {
+        let mut scan = rocksdb::ReadOptions::default();
+        scan.fill_cache(false);
+        scan.set_readahead_size(2 * 1024 * 1024);
+        let mut it = self.db.raw_iterator_cf_opt(cf(&self.db, CF_SESSIONS), scan);
+        it.seek_to_first();
+        let mut rounds = 0u64;
+        while let (Some(k), Some(v)) = (it.key(), it.value()) {
+            let (_, state) = keys::decode_session(k, v)?;
+            if let Some(round) = &state.round {
+                f(&keys::stored_session_key(k)?, round);
+                rounds += 1;
+            }
+            it.next();
+        }
+        it.status().map_err(read_error(CF_SESSIONS))?;
+        Ok(rounds)
+    }
+
     /// True when the store holds nothing durable: no input offset, no key, no outbox entry
     /// ever.
     pub fn is_empty(&self) -> bool {

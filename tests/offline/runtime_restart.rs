@@ -7,7 +7,7 @@
 use crate::runtime_support;
 
 use runtime_support::*;
-use settle::engine::{PolicySpec, SessionKey};
+use settle::engine::{Emission, PolicySpec, SessionKey, Trigger};
 use settle::runtime::{
     partition, Clock, PartitionContext, PartitionExit, PartitionSettings, PartitionState,
     PublishTarget, StatusBoard, TierRouting,
@@ -175,7 +175,7 @@ async fn a_batch_that_fails_to_write_keeps_the_offset_and_stops_the_partition() 
     let router = SharedRouter::new(Router::new(&TiersConfig::default()).unwrap());
     let (tiers, _changes) = TierRouting::new(router);
     let ctx = PartitionContext {
-        engine: f.engine.clone(),
+        rules: settle::runtime::Rules::new(f.engine.clone()),
         sink: broker.sink(),
         clock: f.clock,
         tiers,
@@ -255,4 +255,133 @@ async fn a_sink_outage_delays_emissions_but_loses_none() {
         "sent after the outage ({emitted_at})"
     );
     assert!(*emitted_at <= T0 + 10_000, "retried with a bounded backoff");
+}
+
+/// Log lines written while the guard lives on this thread (a current-thread tokio test runs
+/// its tasks here), as text.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restart_with_other_rules_applies_them_from_each_rounds_next_upload() {
+    // Issue "hours, not minutes" #2-#4, SEMANTICS §7. Config A: fixed 30 s, max-wait 20 s.
+    // Config C: adaptive 2 s..10 s, no max-wait. Same data dir, a restart in between.
+    let logs = Captured::default();
+    let writer = logs.clone();
+    let _guard = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish(),
+    );
+    let a = PolicySpec::fixed(30_000).with_max_wait(20_000);
+    let c = PolicySpec::adaptive(2_000, 10_000);
+    let f = fixture(1, a);
+    let broker = &f.broker;
+    let tick = Duration::from_millis(1_500);
+
+    // Run 1 under A: "busy" uploads every 1.5 s for 25.5 s; "quiet" uploads once at 24 s.
+    let run = f.start();
+    for i in 0..18 {
+        produce(broker, "acme", "busy", f.clock.now_ms());
+        if i == 16 {
+            produce(broker, "acme", "quiet", f.clock.now_ms());
+        }
+        tokio::time::sleep(tick).await;
+    }
+    run.until(|m| all(m, 1, |s| s.next_offset == Some(19) && s.published == 1))
+        .await;
+    run.stop().await;
+    let first = emitted(broker);
+    assert_eq!(first.len(), 1, "A's max-wait cut busy's round at 20 s");
+    assert_eq!(
+        (first[0].0.trigger, first[0].0.due_at),
+        (Trigger::MaxWait, T0 + 20_000)
+    );
+
+    // Run 2 under C: busy keeps uploading every 1.5 s for 60 s, quiet uploads no more.
+    let run = start(broker, engine(c), options(f.dir.path()), f.clock);
+    for _ in 0..40 {
+        produce(broker, "acme", "busy", f.clock.now_ms());
+        tokio::time::sleep(tick).await;
+    }
+    let last_busy = f.clock.now_ms() - tick.as_millis() as i64;
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    run.until(|m| all(m, 1, |s| s.pending_rounds == 0 && s.outbox_len == 0))
+        .await;
+    run.stop().await;
+    let second: Vec<Emission> = emitted(broker)
+        .into_iter()
+        .skip(1)
+        .map(|(e, _)| e)
+        .collect();
+    let summary: Vec<(String, Trigger, &str, i64)> = second
+        .iter()
+        .map(|e| {
+            (
+                e.key.session().to_owned(),
+                e.trigger,
+                e.policy.as_str(),
+                e.delay_ms,
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            // quiet had no upload after the restart: A's rule timed it (24 s + max-wait 20 s).
+            ("quiet".to_owned(), Trigger::MaxWait, "fixed", 30_000),
+            // busy's round (open since A's cut at 20 s) was timed by C from its next upload
+            // on: no max-wait, adaptive's 2 s after its last upload.
+            ("busy".to_owned(), Trigger::Trailing, "adaptive", 2_000),
+        ],
+        "{second:#?}"
+    );
+    assert_eq!(second[0].due_at, T0 + 24_000 + 20_000);
+    assert_eq!(second[1].due_at, last_busy + 2_000);
+    assert_eq!(
+        second[1].uploads,
+        4 + 40,
+        "busy's round since 20 s, all of it"
+    );
+
+    // The start-up logs of run 2 say what changed: one partition, two pending rounds timed
+    // under A's rule.
+    let text = logs.text();
+    let line = text
+        .lines()
+        .find(|l| l.contains("pending rounds were timed under other debounce rules"))
+        .unwrap_or_else(|| panic!("no rules line in:\n{text}"));
+    for field in [
+        "partition=0",
+        "pending_rounds=2",
+        "timed_under_other_rules=2",
+        "by_policy=fixed: 2",
+        "without_recorded_rule=0",
+        "rules=adaptive min-delay=2s max-delay=10s max-wait=off",
+    ] {
+        assert!(line.contains(field), "{field} missing in: {line}");
+    }
+    assert_eq!(
+        text.matches("pending rounds were timed under other debounce rules")
+            .count(),
+        1,
+        "run 1 found its store new, run 2 once"
+    );
 }

@@ -36,6 +36,7 @@ fn state(generation: u64, open_round: bool) -> SessionState {
                 last_event_id: None,
                 attributes: Some("{\"a\":1}".into()),
                 parts: vec![1, 3],
+                policy: Some(PolicyName::Fixed),
             })
         }),
     }

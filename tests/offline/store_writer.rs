@@ -37,6 +37,7 @@ fn state(generation: u64) -> SessionState {
             last_event_id: None,
             attributes: None,
             parts: vec![],
+            policy: None,
         })),
     }
 }

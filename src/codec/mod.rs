@@ -9,6 +9,8 @@
 //!   `settle tune` (an upload record plus `"ts"` and `"partition"`), in the same single pass.
 //! * [`encode_ready`] / [`encode_ready_into`] / [`decode_ready`]: an engine [`Emission`] → the
 //!   §2 output record and back ([`ReadyRecord`]).
+//! * [`action`]: operator actions as records of the input topic, their outcomes and the audit
+//!   records (SEMANTICS §7).
 //! * [`format_rfc3339_ms`], [`write_rfc3339_ms`], [`parse_rfc3339_ms`], [`parse_timestamp`]:
 //!   instants on the wire are RFC 3339 UTC with milliseconds, `2026-11-30T03:34:47.123Z`.
 //!
@@ -20,6 +22,8 @@
 //! must.) Encoding writes the record's bytes directly (integers with `itoa`, instants digit by
 //! digit), never through `format!`; tests hold it to the bytes `serde_json` writes for
 //! [`ReadyRecord`] and the instants to the `time` crate's formatting.
+
+pub mod action;
 
 use crate::engine::{Emission, Millis, Part, PolicyName, SessionKey, Trigger, Upload};
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, Visitor};

@@ -18,23 +18,23 @@
 
 pub use crate::config::admin::{AdminConfig, DEFAULT_LISTEN};
 
-use crate::codec::{format_rfc3339_ms, validate_session, validate_tenant};
-use crate::engine::{Millis, SessionKey};
+mod views;
+
+use crate::codec::format_rfc3339_ms;
+use crate::engine::Millis;
 use crate::metrics::Metrics;
 use crate::runtime::{
-    Clock, Lookup, PartitionState, PartitionStatus, Runtime, SessionLookup, SessionView,
-    StatusBoard, StatusMap,
+    Clock, PartitionState, PartitionStatus, Runtime, SessionLookup, StatusBoard, StatusMap,
 };
 use crate::tiers::{SharedRouter, TiersConfig};
 use crate::transport::Sink;
 use anyhow::Context as _;
-use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{header, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Json;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,6 +46,15 @@ pub const SESSION_LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long a stopping server waits for open connections before it is aborted.
 const STOP_GRACE: Duration = Duration::from_secs(1);
+
+/// Who asked for an action: the name of the credential the request carried (SEMANTICS §7
+/// "who asked"). The authentication layer puts it on every authenticated request as an
+/// `axum::Extension`; handlers of actions and overrides write it into their audit records.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Operator {
+    /// The credential's name (`admin.tokens`), never the token itself.
+    pub name: String,
+}
 
 /// What the handlers read: handles shared with one runtime. Cheap to clone.
 #[derive(Clone)]
@@ -80,10 +89,10 @@ pub fn router(state: AdminState) -> axum::Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .route("/v1/partitions", get(partitions))
-        .route("/v1/tenants/{tenant}", get(tenant))
+        .route("/v1/partitions", get(views::partitions))
+        .route("/v1/tenants/{tenant}", get(views::tenant))
         // A session may contain `/` (SEMANTICS §2): the rest of the path is the session.
-        .route("/v1/sessions/{tenant}/{*session}", get(session))
+        .route("/v1/sessions/{tenant}/{*session}", get(views::session))
         .fallback(not_found)
         .with_state(state)
 }
@@ -149,11 +158,11 @@ impl AdminServer {
     }
 }
 
-fn error(status: StatusCode, message: impl Into<String>) -> Response {
+pub(crate) fn error(status: StatusCode, message: impl Into<String>) -> Response {
     (status, Json(json!({ "error": message.into() }))).into_response()
 }
 
-fn rfc3339(ms: Millis) -> String {
+pub(crate) fn rfc3339(ms: Millis) -> String {
     format_rfc3339_ms(ms)
 }
 
@@ -222,163 +231,6 @@ async fn readyz(State(s): State<AdminState>) -> Response {
             Json(json!({ "ready": false, "reason": reason })),
         )
             .into_response(),
-    }
-}
-
-fn partition_json(s: &PartitionStatus, now: Millis) -> Value {
-    let started = !matches!(
-        s.state,
-        PartitionState::Starting | PartitionState::Restoring
-    );
-    json!({
-        "topic": s.topic,
-        "partition": s.partition,
-        "state": s.state.as_str(),
-        "error": match &s.state { PartitionState::Failed(r) => Some(r.as_str()), _ => None },
-        "next_offset": s.next_offset,
-        "lag": s.lag,
-        "caught_up": s.caught_up,
-        "partition_time": started.then(|| rfc3339(s.partition_time)),
-        "clock_behind_ms": started.then(|| now.saturating_sub(s.partition_time).max(0)),
-        "pending_rounds": s.pending_rounds,
-        "outbox": s.outbox_len,
-        "next_due": s.next_due.map(rfc3339),
-        "records": s.records,
-        "restore_remaining": s.restore_remaining,
-        "dead_letters": s.dead_letters,
-        "emissions": s.emissions,
-        "published": s.published,
-    })
-}
-
-async fn partitions(State(s): State<AdminState>) -> Response {
-    let now = (s.wall)();
-    let list: Vec<Value> = s
-        .status
-        .snapshot()
-        .values()
-        .filter(|p| p.state != PartitionState::Stopped)
-        .map(|p| partition_json(p, now))
-        .collect();
-    Json(json!({ "partitions": list })).into_response()
-}
-
-/// The tenant of a path, or why it is not one (answered with 400).
-fn tenant_of(path: Result<Path<String>, PathRejection>) -> Result<String, String> {
-    let Path(tenant) = path.map_err(|e| e.body_text())?;
-    check_tenant(&tenant)?;
-    Ok(tenant)
-}
-
-fn check_tenant(tenant: &str) -> Result<(), String> {
-    validate_tenant(tenant).map_err(|e| {
-        format!("invalid tenant {tenant:?}: {e} (SEMANTICS §2: 1-128 bytes of [A-Za-z0-9._:-])")
-    })
-}
-
-async fn tenant(
-    State(s): State<AdminState>,
-    path: Result<Path<String>, PathRejection>,
-) -> Response {
-    let tenant = match tenant_of(path) {
-        Ok(t) => t,
-        Err(message) => return error(StatusCode::BAD_REQUEST, message),
-    };
-    let now = (s.wall)();
-    let (tier, rate, demoted) = {
-        let router = s.router.lock();
-        let demoted = router.demoted(now).into_iter().find(|d| d.tenant == tenant);
-        (
-            router.tier_of(&tenant).to_owned(),
-            router.rate_of(&tenant, now),
-            demoted,
-        )
-    };
-    let table = s.router.tiers();
-    Json(json!({
-        "tenant": tenant,
-        "tier": tier,
-        "topic": table.topic_of(&tier),
-        "pinned": table.pinned(&tenant).is_some(),
-        "rate": rate,
-        "limit": s.tiers.limit,
-        "period_ms": u64::try_from(s.tiers.period.as_millis()).unwrap_or(u64::MAX),
-        "demoted": demoted.map(|d| json!({
-            "since": rfc3339(d.since),
-            "recovers_at": rfc3339(d.recovers_at),
-        })),
-    }))
-    .into_response()
-}
-
-fn session_json(key: &SessionKey, v: &SessionView) -> Value {
-    let st = &v.state;
-    json!({
-        "tenant": key.tenant(),
-        "session": key.session(),
-        "topic": v.topic,
-        "partition": v.partition,
-        "policy": v.policy.as_str(),
-        "generation": st.generation,
-        "last_upload_at": rfc3339(st.last_upload_at),
-        "last_event_id": st.last_applied_event_id,
-        "call_track": st.track.map(|t| json!({
-            "time": rfc3339(t.time),
-            "delay_ms": t.delay,
-        })),
-        "round": st.round.as_ref().map(|r| json!({
-            "start": rfc3339(r.start),
-            "deadline": rfc3339(r.deadline),
-            "max_wait_at": r.max_wait_at.map(rfc3339),
-            "delay_ms": r.delay,
-            "uploads": r.uploads,
-            "first_upload_at": r.first_upload_at.map(rfc3339),
-            "last_upload_at": r.last_upload_at.map(rfc3339),
-            "last_event_id": r.last_event_id,
-            "parts": r.parts,
-        })),
-        "next_due": rfc3339(v.next_due),
-        "next_due_is": if st.round.is_some() { "round_due" } else { "state_expiry" },
-    })
-}
-
-async fn session(
-    State(s): State<AdminState>,
-    path: Result<Path<(String, String)>, PathRejection>,
-) -> Response {
-    let (tenant, session) = match path {
-        Ok(Path(p)) => p,
-        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
-    };
-    if let Err(message) = check_tenant(&tenant) {
-        return error(StatusCode::BAD_REQUEST, message);
-    }
-    if let Err(e) = validate_session(&session) {
-        return error(
-            StatusCode::BAD_REQUEST,
-            format!("invalid session: {e} (SEMANTICS §2: 1-256 bytes of UTF-8 without control characters)"),
-        );
-    }
-    let key = SessionKey::new(&tenant, &session);
-    match s.sessions.find(&key, SESSION_LOOKUP_TIMEOUT).await {
-        Lookup::Found(view) => Json(session_json(&key, &view)).into_response(),
-        Lookup::NotFound { asked } => error(
-            StatusCode::NOT_FOUND,
-            format!("session {key} has no state in the {asked} partition(s) owned here"),
-        ),
-        Lookup::Unavailable { errors } => {
-            let detail: Vec<String> = errors
-                .iter()
-                .map(|(p, e)| format!("partition {p}: {e}"))
-                .collect();
-            error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!(
-                    "session {key} not found, and some partitions could not answer: {}",
-                    detail.join("; ")
-                ),
-            )
-        }
     }
 }
 
