@@ -7,7 +7,9 @@
 //! * `STORE_BENCH_PENDING=1000000 STORE_BENCH_DIR=/tmp/settle-1m cargo bench --bench store`:
 //!   not criterion. If `STORE_BENCH_DIR` holds no store, creates one with that many pending
 //!   sessions (one open round each) and prints RSS; then, and on every later run, times
-//!   opening the store and finding the first due timer, and prints RSS after it.
+//!   opening the store and finding the first due timer, and prints RSS after it; then walks
+//!   every pending round in the admin listing's slices (`runtime::pending`) and prints the
+//!   time per slice (what a listing costs the partition's input) and for the whole walk.
 
 use criterion::{BatchSize, Criterion, Throughput};
 use settle::engine::{Driver, Engine, Millis, PolicySpec, PolicyTable, SessionKey, Upload};
@@ -200,6 +202,47 @@ fn pending_sessions(n: u64, dir: &Path) {
          first={first:?} pending_rounds={} RSS={rss} MiB peak={hwm} MiB",
         store.pending_rounds()
     );
+    list_pending(&mut store);
+}
+
+/// The admin's pending-work listing (`runtime::pending`): a walk over every timer in slices
+/// of `SLICE_TIMERS`, as the partition task answers them between two polls. Prints the
+/// longest slice (how long the partition's input waits at most per query), the median and
+/// the whole walk.
+fn list_pending(store: &mut PartitionStore) {
+    let n = settle::runtime::pending::SLICE_TIMERS;
+    for pass in ["first walk (sorts the timer buckets)", "second walk"] {
+        let mut after = None;
+        let mut times = Vec::new();
+        let (mut rounds, mut uploads) = (0u64, 0u64);
+        let start = Instant::now();
+        loop {
+            let t = Instant::now();
+            let next = store
+                .timer_slice(after.as_ref(), n, |_, _, state| {
+                    if let Some(r) = &state.round {
+                        rounds += 1;
+                        uploads += u64::from(r.uploads);
+                    }
+                })
+                .expect("slice");
+            times.push(t.elapsed());
+            match next {
+                Some(next) => after = Some(next),
+                None => break,
+            }
+        }
+        let whole = start.elapsed();
+        times.sort();
+        println!(
+            "pending listing, {pass}: {rounds} rounds ({uploads} uploads) in {} slices of {n} timers, \
+             {whole:.1?} in all; per slice median {:.2?}, p99 {:.2?}, max {:.2?}",
+            times.len(),
+            times[times.len() / 2],
+            times[times.len() * 99 / 100],
+            times[times.len() - 1],
+        );
+    }
 }
 
 criterion::criterion_group!(benches, bench_batches);

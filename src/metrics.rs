@@ -86,6 +86,11 @@ pub const RESTORE_REMAINING: &str = "settle_restore_remaining_records";
 /// process wrote its changelog after this one (NATS: the changelog is the fence, SEMANTICS §6
 /// "Single writer"); the partition publishes, appends and acks nothing more here.
 pub const PARTITIONS_FENCED: &str = "settle_partitions_fenced_total";
+/// Counter `{kind,result}`: operator actions applied by this process's partitions (SEMANTICS
+/// §7): kind `flush` or `cancel`; result as in the action's outcome (`flushed`,
+/// `cancelled`, `would_flush`, `would_cancel`, `no_open_round`, `no_state`, `done`,
+/// `would_do`, `duplicate`).
+pub const ACTIONS_APPLIED: &str = "settle_actions_applied_total";
 /// Gauge `{state}`: partitions of this process by life-cycle state.
 pub const PARTITIONS: &str = "settle_partitions";
 /// Counter `{reason}`: tier changes (SEMANTICS §5): `rate_exceeded` (demotion) or
@@ -183,6 +188,7 @@ struct Inner {
     clock_behind: GaugeVec,
     restore_remaining: IntGaugeVec,
     partitions_fenced: IntCounterVec,
+    actions_applied: IntCounterVec,
     partitions: IntGaugeVec,
     tier_changes: IntCounterVec,
     tenants_tracked: IntGauge,
@@ -332,6 +338,11 @@ impl Metrics {
             "Times a partition stopped because another process wrote its changelog after this one (NATS fence).",
             TOPIC_PARTITION,
         );
+        let actions_applied = b.counter(
+            ACTIONS_APPLIED,
+            "Operator actions applied by this process's partitions, by kind (flush, cancel) and result (one per partition that applied the action record).",
+            &["kind", "result"],
+        );
         let partitions = b.gauge(
             PARTITIONS,
             "Partitions of this process by state (starting, catching_up, live, stopping, stopped, failed).",
@@ -387,6 +398,7 @@ impl Metrics {
                 clock_behind,
                 restore_remaining,
                 partitions_fenced,
+                actions_applied,
                 partitions,
                 tier_changes,
                 tenants_tracked,
@@ -534,6 +546,16 @@ impl PartitionMetrics {
     /// `n` input records were applied (their store batch committed).
     pub fn consumed(&self, n: u64) {
         self.consumed.inc_by(n);
+    }
+
+    /// The partition applied an operator action of `kind` (`flush`, `cancel`) with `result`
+    /// (the outcome's, or `duplicate`).
+    pub fn action(&self, kind: &str, result: &str) {
+        self.metrics
+            .inner
+            .actions_applied
+            .with_label_values(&[kind, result])
+            .inc();
     }
 
     /// The partition was fenced: another process wrote its changelog after this one.
@@ -685,7 +707,7 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), n);
-        assert_eq!(n, 21);
+        assert_eq!(n, 22);
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! The admin HTTP server of `settle run` (axum): metrics, health, readiness and read-only
-//! views of the partitions, tenants and sessions this process owns. Loopback by default
-//! (`[admin] listen = "127.0.0.1:9464"`); nothing here changes state.
+//! views of the partitions, tenants, sessions and pending rounds this process owns, and
+//! operator actions (SEMANTICS §7). Loopback by default (`[admin] listen =
+//! "127.0.0.1:9464"`); only `POST /v1/actions` changes state, through the input (the
+//! partitions' owners apply it).
 //!
 //! | endpoint | answer |
 //! |---|---|
@@ -9,6 +11,10 @@
 //! | `GET /readyz` | 200 when at least one partition is assigned and every owned partition has its store open and is not restoring (catching up or live); 503 otherwise, with the reason |
 //! | `GET /v1/partitions` | owned partitions: state, next offset, lag, partition time and how far behind the wall clock it is, pending rounds, outbox, next due time, counters |
 //! | `GET /v1/tenants/{tenant}` | the tenant's tier and its topic, pinned or not, measured rate (emissions in the last `tiers.period`) against `tiers.limit`, demotion (SEMANTICS §5) |
+//! | `GET /v1/pending` | open rounds of the partitions owned here, a page at a time, with filters (tenant, partition, policy, tier, due time, uploads) and a cursor: key, partition, policy, tier, uploads, first/last upload, due time, max-wait bound, delay, why it waits (`pending` module) |
+//! | `GET /v1/pending/summary` | open rounds (and their uploads) by tier and by due bucket, owed emissions, partitions covered |
+//! | `POST /v1/actions` | flush or cancel one session's open round, or every round a filter selects, with a dry run; answers each partition owner's outcome (`actions` module, SEMANTICS §7) |
+//! | `GET /v1/actions/{request_id}` | the audit records and outcomes known here of one request |
 //! | `GET /v1/sessions/{tenant}/{session}` | the session's CallTrack, open round and next due time, asked of the partition task that holds it (SEMANTICS §4); 404 when no partition owned here holds it |
 //!
 //! Errors are JSON `{"error": "..."}`: 400 for a path segment that is not a valid tenant or
@@ -18,16 +24,19 @@
 
 pub use crate::config::admin::{AdminConfig, DEFAULT_LISTEN};
 
+mod actions;
+mod pending;
 mod views;
 
 use crate::codec::format_rfc3339_ms;
 use crate::engine::Millis;
 use crate::metrics::Metrics;
 use crate::runtime::{
-    Clock, PartitionState, PartitionStatus, Runtime, SessionLookup, StatusBoard, StatusMap,
+    ActionLog, Clock, PartitionState, PartitionStatus, Runtime, SessionLookup, StatusBoard,
+    StatusMap,
 };
 use crate::tiers::{SharedRouter, TiersConfig};
-use crate::transport::Sink;
+use crate::transport::{ActionChannel, Sink};
 use anyhow::Context as _;
 use axum::extract::State;
 use axum::http::{header, StatusCode, Uri};
@@ -66,6 +75,10 @@ pub struct AdminState {
     tiers: Arc<TiersConfig>,
     /// The runtime's wall clock (ms since the epoch).
     wall: Arc<dyn Fn() -> Millis + Send + Sync>,
+    /// Operator actions' audit records known here (the runtime's log).
+    actions: ActionLog,
+    /// Where action records and audit records go; `None`: actions are refused (503).
+    channel: Option<Arc<dyn ActionChannel>>,
 }
 
 impl AdminState {
@@ -79,7 +92,16 @@ impl AdminState {
             sessions: runtime.sessions(),
             tiers: Arc::new(runtime.options().tiers.clone()),
             wall: Arc::new(move || clock.now_ms()),
+            actions: runtime.actions(),
+            channel: None,
         }
+    }
+
+    /// Accepts operator actions (`POST /v1/actions`), sending their records and audit
+    /// records through `channel` (SEMANTICS §7).
+    pub fn with_action_channel(mut self, channel: Arc<dyn ActionChannel>) -> Self {
+        self.channel = Some(channel);
+        self
     }
 }
 
@@ -91,6 +113,10 @@ pub fn router(state: AdminState) -> axum::Router {
         .route("/readyz", get(readyz))
         .route("/v1/partitions", get(views::partitions))
         .route("/v1/tenants/{tenant}", get(views::tenant))
+        .route("/v1/pending", get(pending::list))
+        .route("/v1/pending/summary", get(pending::summary))
+        .route("/v1/actions", axum::routing::post(actions::post))
+        .route("/v1/actions/{request_id}", get(actions::get))
         // A session may contain `/` (SEMANTICS §2): the rest of the path is the session.
         .route("/v1/sessions/{tenant}/{*session}", get(views::session))
         .fallback(not_found)
@@ -123,21 +149,27 @@ impl AdminServer {
                 tracing::error!(error = %e, "admin server stopped");
             }
         });
-        tracing::info!(%addr, "admin server listening: /metrics /healthz /readyz /v1/partitions /v1/tenants/{{tenant}} /v1/sessions/{{tenant}}/{{session}}");
+        tracing::info!(%addr, "admin server listening: /metrics /healthz /readyz /v1/partitions /v1/pending /v1/pending/summary /v1/tenants/{{tenant}} /v1/sessions/{{tenant}}/{{session}}");
         Ok(AdminServer { addr, stop, task })
     }
 
-    /// Starts the server of `runtime` when `config.enabled`.
+    /// Starts the server of `runtime` when `config.enabled`; operator actions go through
+    /// `actions` (none: `POST /v1/actions` answers 503).
     ///
     /// Errors: `config.listen` cannot be bound (the message names `admin.listen`).
     pub async fn start_for<K: Sink, C: Clock>(
         config: &AdminConfig,
         runtime: &Runtime<K, C>,
+        actions: Option<Arc<dyn ActionChannel>>,
     ) -> anyhow::Result<Option<Self>> {
         if !config.enabled {
             return Ok(None);
         }
-        let server = Self::start(config.listen, AdminState::new(runtime))
+        let mut state = AdminState::new(runtime);
+        if let Some(channel) = actions {
+            state = state.with_action_channel(channel);
+        }
+        let server = Self::start(config.listen, state)
             .await
             .with_context(|| format!("admin.listen: cannot listen on {}", config.listen))?;
         Ok(Some(server))

@@ -38,6 +38,15 @@ pub use types::{
     CallTrack, Emission, Millis, Part, PolicyName, Round, SessionKey, SessionState, Trigger, Upload,
 };
 
+/// An operator action on one session's open round ([`Engine::act`], SEMANTICS §7).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Action {
+    /// `true`: flush (emit the round now); `false`: cancel (close it without an emission).
+    pub flush: bool,
+    /// Only say what would be done.
+    pub dry_run: bool,
+}
+
 /// What happened to an upload handed to [`Engine::on_upload`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Applied {
@@ -191,6 +200,49 @@ impl Engine {
             due_after: state.as_ref().map(|s| self.next_due(key, s)),
             interval: None,
         }
+    }
+
+    /// An operator's action on `key`'s open round at partition time `now` (ms), SEMANTICS
+    /// §7. Rounds of the key due at or before `now` fire first (as before an upload), then:
+    /// `flush` emits the open round (`trigger = manual`, `due_at = now`) and closes it;
+    /// `cancel` closes it without an emission (its uploads are dropped, the CallTrack and
+    /// the generation stay). A round without uploads (a max-wait continuation or the rest
+    /// of a leading round that nothing joined yet) is not touched: there is nothing to
+    /// release. `dry_run`: nothing changes (the due rounds do not fire either); the answer
+    /// says what the action would do. Returns the uploads of the round acted on (`None`:
+    /// no open round with uploads).
+    pub fn act(
+        &self,
+        now: Millis,
+        key: &SessionKey,
+        state: &mut Option<SessionState>,
+        action: Action,
+        out: &mut Vec<Emission>,
+    ) -> (Option<u32>, Step) {
+        let due_before = state.as_ref().map(|s| self.next_due(key, s));
+        if !action.dry_run {
+            self.fire_due(now, key, state, out);
+        }
+        let uploads = state
+            .as_ref()
+            .and_then(|s| s.round.as_ref())
+            .map(|r| r.uploads)
+            .filter(|&n| n > 0);
+        if let (Some(_), false, Some(s)) = (uploads, action.dry_run, state.as_mut()) {
+            if let Some(round) = s.round.take() {
+                if action.flush {
+                    let spec = self.spec_for(key);
+                    out.push(emission(spec, key, s, &round, Trigger::Manual, now));
+                }
+            }
+        }
+        let step = Step {
+            applied: Applied::OnTime,
+            due_before,
+            due_after: state.as_ref().map(|s| self.next_due(key, s)),
+            interval: None,
+        };
+        (uploads, step)
     }
 
     fn fire_due(

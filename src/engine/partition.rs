@@ -276,6 +276,34 @@ impl Driver {
         Ok(step.applied)
     }
 
+    /// An operator action on `key` at partition time `now` (ms), SEMANTICS §7: every timer
+    /// due at or before `now` fires first (as before an upload), then [`Engine::act`]
+    /// flushes or cancels the key's open round. Emissions are appended to `out`. Returns
+    /// the uploads of the round acted on, `None` when the key has no open round with
+    /// uploads (then nothing changed but what was due). A dry run changes nothing at all.
+    pub fn act<T: SessionTable>(
+        &mut self,
+        table: &mut T,
+        now: Millis,
+        key: &SessionKey,
+        action: super::Action,
+        out: &mut Vec<Emission>,
+    ) -> Result<Option<u32>, T::Error> {
+        if !action.dry_run {
+            self.advance(table, now, out)?;
+        }
+        let before = out.len();
+        let (uploads, step) = table.update(key, |state| {
+            let (uploads, step) = self.engine.act(now, key, state, action, out);
+            let changed = uploads.is_some() && !action.dry_run;
+            ((uploads, step), changed)
+        })?;
+        if !action.dry_run {
+            self.record(table, key, step, out.len() - before)?;
+        }
+        Ok(uploads)
+    }
+
     /// Counts what a step did and moves the key's timer (its state is already written).
     fn record<T: SessionTable>(
         &mut self,

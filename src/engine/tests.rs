@@ -809,3 +809,95 @@ fn a_max_wait_added_by_a_new_rule_bounds_the_round_from_its_start() {
         assert!(out[0].last_upload_at <= out[0].due_at);
     }
 }
+
+#[test]
+fn flush_emits_the_open_round_now_and_cancel_drops_it_keeping_the_track() {
+    // SEMANTICS §7. adaptive 20 s..60 s: uploads at 0, 10 000 (delay 20 s, due 30 000).
+    let spec = PolicySpec::adaptive(20_000, 60_000);
+    let flush = Action {
+        flush: true,
+        dry_run: false,
+    };
+    let cancel = Action {
+        flush: false,
+        dry_run: false,
+    };
+    let mut d = Driver::new(Engine::new(PolicyTable::uniform(spec)));
+    let mut t = MemTable::new();
+    let mut out = Vec::new();
+    feed(&mut d, &mut t, &[0, 10_000], &mut out);
+    assert!(out.is_empty(), "{:?}", summary(&out));
+    assert_eq!(t.next_due(), Some(30_000));
+    // A dry run says what a flush would do and changes nothing.
+    let dry = Action {
+        dry_run: true,
+        ..flush
+    };
+    assert_eq!(
+        d.act(&mut t, 12_000, &key("s"), dry, &mut out).unwrap(),
+        Some(2)
+    );
+    assert!(out.is_empty());
+    assert_eq!(t.next_due(), Some(30_000));
+    // Flush at 12 000: manual, due_at = when applied, the round's uploads.
+    assert_eq!(
+        d.act(&mut t, 12_000, &key("s"), flush, &mut out).unwrap(),
+        Some(2)
+    );
+    assert_eq!(summary(&out), vec![(12_000, Trigger::Manual, 2)]);
+    assert_eq!(out[0].delay_ms, 20_000);
+    assert_eq!(out[0].emission_id(), "t/s/0/1");
+    let s = t.state(&key("s")).unwrap();
+    assert!(s.round.is_none());
+    assert_eq!(
+        s.track.map(|tr| tr.delay),
+        Some(20_000),
+        "the CallTrack stays"
+    );
+    // Nothing open now: either action says so and changes nothing.
+    assert_eq!(
+        d.act(&mut t, 13_000, &key("s"), flush, &mut out).unwrap(),
+        None
+    );
+    assert_eq!(
+        d.act(&mut t, 13_000, &key("none"), cancel, &mut out)
+            .unwrap(),
+        None
+    );
+    assert_eq!(out.len(), 1);
+    // A new round (due 34 000); cancel drops it: no emission, ever, for its uploads.
+    feed(&mut d, &mut t, &[14_000, 15_000], &mut out);
+    assert_eq!(
+        d.act(&mut t, 16_000, &key("s"), cancel, &mut out).unwrap(),
+        Some(2)
+    );
+    d.advance(&mut t, 40_000, &mut out).unwrap();
+    assert_eq!(out.len(), 1, "{:?}", summary(&out));
+    // The next upload opens a new round with only its own upload; its generation follows
+    // the last emission (a cancelled round has none).
+    feed(&mut d, &mut t, &[41_000], &mut out);
+    d.advance(&mut t, 100_000, &mut out).unwrap();
+    assert_eq!(out.len(), 2, "{:?}", summary(&out));
+    assert_eq!(out[1].emission_id(), "t/s/0/2");
+    assert_eq!(out[1].uploads, 1);
+}
+
+#[test]
+fn an_action_fires_what_is_due_first_and_leaves_an_empty_continuation_alone() {
+    // fixed 5 s, max-wait 1 s: uploads 0 and 500 are cut at 1 000 (max_wait); the empty
+    // continuation has nothing to flush.
+    let spec = PolicySpec::fixed(5_000).with_max_wait(1_000);
+    let mut d = Driver::new(Engine::new(PolicyTable::uniform(spec)));
+    let mut t = MemTable::new();
+    let mut out = Vec::new();
+    feed(&mut d, &mut t, &[0, 500], &mut out);
+    let flush = Action {
+        flush: true,
+        dry_run: false,
+    };
+    assert_eq!(
+        d.act(&mut t, 1_200, &key("s"), flush, &mut out).unwrap(),
+        None
+    );
+    assert_eq!(summary(&out), vec![(1_000, Trigger::MaxWait, 2)]);
+}

@@ -35,7 +35,16 @@ pub struct SessionView {
 /// What a partition task answers: the key's state, `None` when its store has none.
 pub type Answer = Result<Option<SessionView>, String>;
 
-/// One question to a partition task.
+/// What a partition task answers between its polls.
+#[derive(Debug)]
+pub enum Query {
+    /// One session's state.
+    Session(SessionQuery),
+    /// A slice of its pending rounds ([`super::pending`]).
+    Pending(super::pending::SliceQuery),
+}
+
+/// One question about a session to a partition task.
 #[derive(Debug)]
 pub struct SessionQuery {
     /// The session key asked for.
@@ -66,7 +75,7 @@ pub enum Lookup {
 /// The query channels of the partition tasks of one runtime. Cheap to clone (shared).
 #[derive(Clone, Debug, Default)]
 pub struct SessionLookup {
-    tasks: Arc<Mutex<BTreeMap<i32, mpsc::Sender<SessionQuery>>>>,
+    tasks: Arc<Mutex<BTreeMap<i32, mpsc::Sender<Query>>>>,
 }
 
 /// Keeps a partition task's query channel registered; removes it when dropped.
@@ -74,7 +83,7 @@ pub struct SessionLookup {
 pub struct Registration {
     lookup: SessionLookup,
     partition: i32,
-    tx: mpsc::Sender<SessionQuery>,
+    tx: mpsc::Sender<Query>,
 }
 
 impl Drop for Registration {
@@ -96,13 +105,13 @@ impl SessionLookup {
         Self::default()
     }
 
-    fn lock(&self) -> MutexGuard<'_, BTreeMap<i32, mpsc::Sender<SessionQuery>>> {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<i32, mpsc::Sender<Query>>> {
         self.tasks.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Registers the task of `partition`; it answers what arrives on the receiver until the
     /// registration is dropped.
-    pub fn register(&self, partition: i32) -> (Registration, mpsc::Receiver<SessionQuery>) {
+    pub fn register(&self, partition: i32) -> (Registration, mpsc::Receiver<Query>) {
         let (tx, rx) = mpsc::channel(QUEUE);
         self.lock().insert(partition, tx.clone());
         let registration = Registration {
@@ -113,6 +122,11 @@ impl SessionLookup {
         (registration, rx)
     }
 
+    /// The registered tasks' query channels, by partition (sorted).
+    pub(crate) fn senders(&self) -> Vec<(i32, mpsc::Sender<Query>)> {
+        self.lock().iter().map(|(p, tx)| (*p, tx.clone())).collect()
+    }
+
     /// Partitions with a registered task, sorted.
     pub fn partitions(&self) -> Vec<i32> {
         self.lock().keys().copied().collect()
@@ -121,8 +135,7 @@ impl SessionLookup {
     /// Asks every registered partition task for `key`, waiting at most `timeout` for the
     /// answers.
     pub async fn find(&self, key: &SessionKey, timeout: Duration) -> Lookup {
-        let tasks: Vec<(i32, mpsc::Sender<SessionQuery>)> =
-            self.lock().iter().map(|(p, tx)| (*p, tx.clone())).collect();
+        let tasks = self.senders();
         let asked = tasks.len();
         let mut errors = Vec::new();
         let mut waiting = Vec::new();
@@ -132,7 +145,7 @@ impl SessionLookup {
                 key: key.clone(),
                 reply,
             };
-            match tx.try_send(query) {
+            match tx.try_send(Query::Session(query)) {
                 Ok(()) => waiting.push((partition, rx)),
                 Err(mpsc::error::TrySendError::Full(_)) => {
                     errors.push((partition, "busy: too many queries waiting".to_owned()));
@@ -190,9 +203,13 @@ mod tests {
         let answering = {
             let view = view.clone();
             tokio::spawn(async move {
-                let q = q0.recv().await.unwrap();
+                let Some(Query::Session(q)) = q0.recv().await else {
+                    panic!("a session query")
+                };
                 let _ = q.reply.send(Ok(None));
-                let q = q1.recv().await.unwrap();
+                let Some(Query::Session(q)) = q1.recv().await else {
+                    panic!("a session query")
+                };
                 assert_eq!(q.key.as_str(), "t/s");
                 let _ = q.reply.send(Ok(Some(view)));
                 (q0, q1)

@@ -37,12 +37,14 @@
 //! process at once on the second (`crate::service::signals`). A revocation stops the revoked partitions the same way
 //! before the source is told they are done.
 
+pub mod actions;
 pub mod catch_up;
 pub mod clock;
 pub mod lease;
 pub mod lookup;
 pub mod pacer;
 pub mod partition;
+pub mod pending;
 pub mod progress;
 pub mod publisher;
 pub mod restore;
@@ -52,6 +54,7 @@ pub mod throttle;
 pub mod tier_events;
 pub mod tier_share;
 
+pub use actions::ActionLog;
 pub use catch_up::CatchUpQueue;
 pub use clock::{Clock, PartitionClock, SystemClock, TokioClock};
 pub use lookup::{Lookup, SessionLookup, SessionView};
@@ -237,6 +240,7 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
                 status: StatusBoard::new(),
                 metrics: Metrics::new(),
                 sessions: SessionLookup::new(),
+                actions: ActionLog::default(),
             },
             options,
             budget,
@@ -254,6 +258,19 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
         self.ctx.tiers.router.lock().set_instance(instance);
         self.tier_counts = Some(counts);
         self
+    }
+
+    /// Records applied operator actions in `log` (SEMANTICS §7): their audit records are
+    /// published to `log.topic` when it is set, written as `log.instance`.
+    pub fn with_actions(mut self, log: ActionLog) -> Self {
+        self.ctx.actions = log;
+        self
+    }
+
+    /// The log of operator actions (clone it before `run`): the admin API waits on it for
+    /// outcomes.
+    pub fn actions(&self) -> ActionLog {
+        self.ctx.actions.clone()
     }
 
     /// The debounce rules in force (clone it before `run`): setting new ones applies them
@@ -481,9 +498,16 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
                     restore::retry_unavailable("transactions", partition, &task_cancel, || {
                         ctx.sink.transactions(partition)
                     });
+                // Revoked (cancelled) before the partition task ran: no longer owned here,
+                // nor starting or restoring (the admin and /readyz read this state).
+                let stopped = || {
+                    ctx.status
+                        .update(partition, |s| s.state = PartitionState::Stopped);
+                    PartitionExit::Stopped { flushed: true }
+                };
                 let txn = match txn.await {
                     Ok(Some(txn)) => txn,
-                    Ok(None) => return PartitionExit::Stopped { flushed: true },
+                    Ok(None) => return stopped(),
                     Err(reason) => {
                         tracing::error!(error = %reason, "partition not started");
                         ctx.status.update(partition, |s| {
@@ -508,7 +532,7 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
                     Ok(Some((store, _))) => {
                         partition::run(ctx, store, input, task_fence, txn, task_cancel).await
                     }
-                    Ok(None) => PartitionExit::Stopped { flushed: true },
+                    Ok(None) => stopped(),
                     Err(reason) => {
                         tracing::error!(error = %reason, "partition not started");
                         ctx.status.update(partition, |s| {

@@ -63,13 +63,15 @@
 //! in, waits for the outbox to drain until the flush deadline, then stops the publisher,
 //! flushes and closes the store.
 
+use super::actions::{self, ActionLog};
 use super::catch_up::{self, CatchUpQueue};
 use super::clock::{Clock, PartitionClock};
-use super::lookup::{SessionLookup, SessionQuery, SessionView};
+use super::lookup::{Query, SessionLookup, SessionQuery, SessionView};
 use super::pacer::CatchUpPacer;
 use super::publisher::{self, Fence, PublishTarget, TierRouting};
 use super::status::{PartitionState, PartitionStatus, StatusBoard};
 use super::throttle::LogThrottle;
+use crate::codec::action::{is_action, ActionKind, ActionOutcome, ActionRecord, AuditRecord};
 use crate::codec::{self, DecodeError};
 use crate::engine::{Applied, Driver, Emission, Engine, Millis, SessionKey, SessionTable, Upload};
 use crate::metrics::{Metrics, PartitionMetrics};
@@ -205,13 +207,28 @@ pub struct PartitionContext<K, C> {
     pub metrics: Metrics,
     /// Where the task registers to answer session queries (admin endpoint).
     pub sessions: SessionLookup,
+    /// Where applied operator actions are recorded and their audit records go (SEMANTICS §7).
+    pub actions: ActionLog,
 }
 
 /// A consumed record, decoded and waiting to be applied.
 struct Pending {
     offset: i64,
-    /// `None`: the record was dead-lettered; applying it only moves the offset.
+    /// `None`: the record was dead-lettered, or is an action; applying it only moves the
+    /// offset.
     upload: Option<Upload>,
+    /// An operator action record (SEMANTICS §7).
+    action: Option<Box<HeldAction>>,
+}
+
+/// An action record waiting to be applied.
+struct HeldAction {
+    record: ActionRecord,
+    /// The record's timestamp (ms): the action's event time (it moves partition time as an
+    /// upload's does).
+    at: Millis,
+    /// A bulk action's sessions, selected when the action reached the front of a step.
+    selected: Option<(Vec<actions::Selected>, bool)>,
 }
 
 /// Whether every timer due at the target time fired.
@@ -302,6 +319,7 @@ pub async fn run<I: PartitionInput, K: Sink, C: Clock>(
         publisher_progress_at: Instant::now(),
         metrics: ctx.metrics.partition(input.topic(), partition),
         queries,
+        audit_owed: Vec::new(),
         warn: Warnings::default(),
         changelog: Changelog {
             enabled: changelog && txn.is_none(),
@@ -391,7 +409,9 @@ struct Task<I, K, C> {
     publisher_progress_at: Instant,
     metrics: PartitionMetrics,
     /// Session queries of the admin endpoint.
-    queries: mpsc::Receiver<SessionQuery>,
+    queries: mpsc::Receiver<Query>,
+    /// Audit records of actions applied since the last flush: published once it is durable.
+    audit_owed: Vec<AuditRecord>,
     warn: Warnings,
     changelog: Changelog,
     fence: Fence,
@@ -438,8 +458,30 @@ struct Warnings {
     commit: LogThrottle,
 }
 
-/// Answers one session query from `store` (read-only; between store batches).
-fn answer(store: &PartitionStore, engine: &Engine, status: &PartitionStatus, q: SessionQuery) {
+/// Answers one query from `store` (between store batches; `now`: the partition time, ms).
+fn answer(
+    store: &mut PartitionStore,
+    engine: &Engine,
+    status: &PartitionStatus,
+    now: Millis,
+    q: Query,
+) {
+    let q = match q {
+        Query::Session(q) => q,
+        Query::Pending(q) => {
+            return super::pending::answer_slice(store, engine, status.partition, now, q)
+        }
+    };
+    answer_session(store, engine, status, q);
+}
+
+/// Answers one session query from `store` (read-only).
+fn answer_session(
+    store: &PartitionStore,
+    engine: &Engine,
+    status: &PartitionStatus,
+    q: SessionQuery,
+) {
     let answer = store
         .session(&q.key)
         .map(|state| {
@@ -456,6 +498,107 @@ fn answer(store: &PartitionStore, engine: &Engine, status: &PartitionStatus, q: 
     let _ = q.reply.send(answer);
 }
 
+/// Tries of publishing one audit record (backoff up to 5 s between them: about a minute).
+const AUDIT_PUBLISH_TRIES: u32 = 15;
+
+/// Applies one action record at partition time `now` (ms), in `batch` (SEMANTICS §7): its
+/// session's open round, or each session its bulk selection holds, is flushed (emissions
+/// appended to `out`, `trigger = manual`) or cancelled; a dry run only counts. A request id
+/// this partition applied at an earlier offset makes it a duplicate (`actions` module).
+/// Returns the audit record of what was done (also added to `log`).
+///
+/// Errors: the store's.
+#[allow(clippy::too_many_arguments)]
+fn apply_action(
+    driver: &mut Driver,
+    batch: &mut Batch<'_>,
+    now: Millis,
+    partition: i32,
+    offset: i64,
+    held: &mut HeldAction,
+    log: &ActionLog,
+    out: &mut Vec<Emission>,
+) -> Result<AuditRecord, store::Error> {
+    let record = &held.record;
+    let selection = match (&record.session, &record.filter) {
+        (Some(s), _) => serde_json::json!({ "session": s }),
+        (None, f) => serde_json::json!({ "filter": f, "limit": record.bulk_limit() }),
+    };
+    let action = crate::engine::Action {
+        flush: record.kind == ActionKind::Flush,
+        dry_run: record.dry_run,
+    };
+    let mut outcome = ActionOutcome {
+        request_id: record.request_id.clone(),
+        partition,
+        offset,
+        applied_at: now,
+        dry_run: record.dry_run,
+        ..ActionOutcome::default()
+    };
+    if let Some(first) = log.applied_before(&record.request_id, partition, offset) {
+        outcome = ActionOutcome {
+            duplicate: true,
+            offset,
+            applied_at: now,
+            ..first
+        };
+    } else {
+        let before = out.len();
+        let keys: Vec<SessionKey> = match (record.session_key(), &held.selected) {
+            (Some(key), _) => vec![key],
+            (None, Some((selected, more))) => {
+                outcome.more = *more;
+                selected.iter().map(|(k, _)| k.clone()).collect()
+            }
+            (None, None) => Vec::new(),
+        };
+        let mut found_state = false;
+        for key in &keys {
+            if record.session.is_some() {
+                found_state = batch.get(key)?.is_some();
+            }
+            if let Some(uploads) = driver.act(batch, now, key, action, out)? {
+                outcome.sessions += 1;
+                outcome.uploads += u64::from(uploads);
+            }
+        }
+        outcome.emission_ids = out[before..]
+            .iter()
+            .filter(|e| e.trigger == crate::engine::Trigger::Manual)
+            .take(actions::OUTCOME_EMISSION_IDS)
+            .map(|e| e.emission_id())
+            .collect();
+        let flush = record.kind == ActionKind::Flush;
+        outcome.result = match (
+            record.session.is_some(),
+            outcome.sessions > 0,
+            record.dry_run,
+        ) {
+            (true, true, false) if flush => "flushed",
+            (true, true, false) => "cancelled",
+            (true, true, true) if flush => "would_flush",
+            (true, true, true) => "would_cancel",
+            (true, false, _) if found_state => "no_open_round",
+            (true, false, _) => "no_state",
+            (false, _, false) => "done",
+            (false, _, true) => "would_do",
+        }
+        .to_owned();
+    }
+    let audit = actions::applied_record(
+        log,
+        now,
+        &record.who,
+        record.kind.as_str(),
+        &record.reason,
+        selection,
+        &outcome,
+    );
+    log.add(audit.clone());
+    Ok(audit)
+}
+
 /// Fatal error text for a store failure.
 fn fatal(e: store::Error) -> String {
     format!("partition store: {e}")
@@ -464,6 +607,11 @@ fn fatal(e: store::Error) -> String {
 impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
     fn partition(&self) -> i32 {
         self.status.partition
+    }
+
+    fn answer(&mut self, q: Query) {
+        let now = self.clock.now();
+        answer(&mut self.store, self.driver.engine(), &self.status, now, q);
     }
 
     async fn run(&mut self, cancel: &CancellationToken) -> Result<(), String> {
@@ -497,7 +645,7 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
             // their way (a share of a sweep per turn; `PartitionStore::evict`).
             self.store.evict();
             while let Ok(q) = self.queries.try_recv() {
-                answer(&self.store, self.driver.engine(), &self.status, q);
+                self.answer(q);
             }
             if cancel.is_cancelled() {
                 return Ok(());
@@ -529,7 +677,7 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
                             () = cancel.cancelled() => return Ok(()),
                             r = &mut poll => break r,
                             Some(q) = self.queries.recv() => {
-                                answer(&self.store, self.driver.engine(), &self.status, q);
+                                answer(&mut self.store, self.driver.engine(), &self.status, self.clock.now(), q);
                             }
                         }
                     }
@@ -561,11 +709,19 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
             }
             let report = self.step().map_err(fatal)?;
             self.paced = report.paused.is_some();
-            let flushed = self.flush_if_due(false).map_err(fatal)?;
+            let flushed = if self.audit_owed.is_empty() || self.txn.is_some() {
+                self.flush_if_due(false).map_err(fatal)?
+            } else {
+                // An action was applied: its outcome is audited once it is durable.
+                let flushed = self.flush_if_due(true).map_err(fatal)?;
+                self.publish_audit();
+                flushed
+            };
             if self.txn.is_some() {
                 if flushed {
                     let next = self.uncommitted.take();
                     self.commit_transaction(next).await?;
+                    self.publish_audit();
                 }
                 paused = report.paused;
                 self.refresh_status().map_err(fatal)?;
@@ -825,6 +981,31 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
         let wall = self.ctx.clock.now_ms();
         for r in records {
             self.status.records += 1;
+            if is_action(&r.payload) {
+                match ActionRecord::decode(&r.payload) {
+                    Ok(record) => self.held.push_back(Pending {
+                        offset: r.offset,
+                        upload: None,
+                        action: Some(Box::new(HeldAction {
+                            record,
+                            at: r.timestamp_ms,
+                            selected: None,
+                        })),
+                    }),
+                    Err(e) => {
+                        tracing::warn!(partition = self.partition(), offset = r.offset, error = %e, "operator action record cannot be applied: dead-lettered");
+                        if !self.dead_letter(&r, e.reason(), cancel).await {
+                            return false;
+                        }
+                        self.held.push_back(Pending {
+                            offset: r.offset,
+                            upload: None,
+                            action: None,
+                        });
+                    }
+                }
+                continue;
+            }
             let decoded = codec::decode_upload(r.key.as_deref(), &r.payload, r.timestamp_ms, wall)
                 .and_then(|u| self.check_partition(&r, u));
             let upload = match decoded {
@@ -842,6 +1023,7 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
             self.held.push_back(Pending {
                 offset: r.offset,
                 upload,
+                action: None,
             });
         }
         true
@@ -909,8 +1091,102 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
         }
     }
 
+    /// When the next held record is a bulk action not selected yet: selects its sessions
+    /// from the store (as of every record before it: they are committed).
+    ///
+    /// Errors: the store's.
+    fn select_bulk(&mut self) -> Result<(), store::Error> {
+        let Some(held) = self.held.front_mut().and_then(|p| p.action.as_mut()) else {
+            return Ok(());
+        };
+        let Some(filter) = held
+            .record
+            .filter
+            .as_ref()
+            .filter(|_| held.selected.is_none())
+        else {
+            return Ok(());
+        };
+        let router = &self.ctx.tiers.router;
+        let in_tier = |tenant: &str| {
+            filter
+                .tier
+                .as_deref()
+                .is_none_or(|t| router.lock().tier_of(tenant) == t)
+        };
+        let limit = held.record.bulk_limit() as usize;
+        held.selected = Some(actions::select(
+            &mut self.store,
+            self.driver.engine(),
+            self.status.partition,
+            filter,
+            in_tier,
+            limit,
+        )?);
+        Ok(())
+    }
+
+    /// Publishes the audit records of the actions applied, once the flush holding them is
+    /// durable (the caller flushed): to the audit topic when there is one, retried in the
+    /// background for a while (an audit record that cannot be published is logged).
+    fn publish_audit(&mut self) {
+        for record in self.audit_owed.drain(..) {
+            let outcome: Option<ActionOutcome> = serde_json::from_value(record.result.clone()).ok();
+            if let Some(o) = &outcome {
+                let result = if o.duplicate {
+                    "duplicate"
+                } else {
+                    o.result.as_str()
+                };
+                self.metrics.action(&record.action, result);
+            }
+            tracing::info!(
+                partition = self.status.partition,
+                request_id = %record.request_id,
+                action = %record.action,
+                who = %record.who,
+                reason = %record.reason,
+                result = %outcome.as_ref().map_or("", |o| o.result.as_str()),
+                sessions = outcome.as_ref().map_or(0, |o| o.sessions),
+                uploads = outcome.as_ref().map_or(0, |o| o.uploads),
+                "operator action applied"
+            );
+            let Some(topic) = self.ctx.actions.topic.clone() else {
+                continue;
+            };
+            let message = transport::ReadyMessage {
+                topic,
+                tier: "audit".to_owned(),
+                key: record.request_id.clone(),
+                emission_id: format!(
+                    "{}/{}/{}",
+                    record.request_id,
+                    self.status.partition,
+                    outcome.as_ref().map_or(0, |o| o.offset)
+                ),
+                payload: record.encode(),
+                partition: Some(self.status.partition),
+            };
+            let sink = self.ctx.sink.clone();
+            tokio::spawn(async move {
+                let mut backoff = Backoff::new(Duration::from_secs(5));
+                for _ in 0..AUDIT_PUBLISH_TRIES {
+                    match sink.publish(message.clone()).await {
+                        Ok(()) => return,
+                        Err(e) => {
+                            tracing::debug!(error = %e, "audit record not published yet; retrying");
+                            tokio::time::sleep(backoff.next_delay()).await;
+                        }
+                    }
+                }
+                tracing::error!(request_id = %message.key, topic = %message.topic, "audit record not published after {AUDIT_PUBLISH_TRIES} tries: the action was applied; its outcome is in this log");
+            });
+        }
+    }
+
     /// One store batch: apply held records and fire due timers (paced), commit.
     fn step(&mut self) -> Result<StepReport, store::Error> {
+        self.select_bulk()?;
         let wall = self.ctx.clock.now_ms();
         let grace = self.ctx.settings.idle_tick.as_millis() as Millis;
         let mut budget = self.ctx.settings.batch_size.max(1);
@@ -930,7 +1206,32 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
             fired: &mut fired,
             prefetched: false,
         };
-        while let Some(front) = self.held.front() {
+        let partition = self.status.partition;
+        while let Some(front) = self.held.front_mut() {
+            if let Some(held) = &mut front.action {
+                if held.record.filter.is_some() && held.selected.is_none() {
+                    // A bulk action selects from the store as of the records before it:
+                    // it starts the next step.
+                    break;
+                }
+                let target = self.clock.now().max(held.at);
+                if let Fired::Paused(d) = fire.fire_due(&mut batch, target, &mut out)? {
+                    report.paused = Some(d);
+                    break;
+                }
+                let now = self.clock.observe(held.at);
+                let outcome = apply_action(
+                    fire.driver,
+                    &mut batch,
+                    now,
+                    partition,
+                    front.offset,
+                    held,
+                    &self.ctx.actions,
+                    &mut out,
+                )?;
+                self.audit_owed.push(outcome);
+            }
             if let Some(upload) = &front.upload {
                 let target = self.clock.now().max(upload.event_time);
                 if let Fired::Paused(d) = fire.fire_due(&mut batch, target, &mut out)? {

@@ -22,10 +22,13 @@ pub use signals::shutdown_on_signals;
 use crate::admin::AdminServer;
 use crate::config::{Config, Transport};
 use crate::engine::Engine;
-use crate::runtime::{progress, PartitionExit, RunSummary, Runtime, RuntimeOptions, SystemClock};
+use crate::runtime::{
+    progress, ActionLog, Clock as _, PartitionExit, RunSummary, Runtime, RuntimeOptions,
+    SystemClock,
+};
 use crate::transport::kafka::{self, KafkaSink, KafkaSource};
 use crate::transport::nats::{self, NatsSink, NatsSource};
-use crate::transport::{Sink, Source, TierCounts};
+use crate::transport::{ActionChannel, Sink, Source, TierCounts};
 use anyhow::Context as _;
 use std::path::Path;
 use std::sync::Arc;
@@ -129,7 +132,11 @@ pub async fn run_until(config: &Config, shutdown: CancellationToken) -> anyhow::
             options.lease = Some(k.lease());
             let counts = kafka::TierCountsTopic::new(k)?
                 .map(|c| (c as Arc<dyn TierCounts>, k.instance_id()));
-            serve(config, options, source, sink, counts, shutdown).await
+            let actions = kafka::KafkaActions::new(k)?;
+            actions.ensure_audit_topic().await;
+            let log = ActionLog::new(Some(kafka::KafkaActions::audit_topic(k)), &k.instance_id());
+            let actions = (Arc::new(actions) as Arc<dyn ActionChannel>, log);
+            serve(config, options, source, sink, counts, actions, shutdown).await
         }
         Transport::Nats => {
             let n = &config.nats;
@@ -141,8 +148,14 @@ pub async fn run_until(config: &Config, shutdown: CancellationToken) -> anyhow::
             let sink = NatsSink::new(js.clone(), n);
             let counts = nats::TierCountsBucket::new(js.clone(), n)
                 .map(|c| (Arc::new(c) as Arc<dyn TierCounts>, n.instance_name()));
+            let actions = nats::NatsActions::new(js.clone(), n);
+            if let Err(e) = actions.ensure_audit_stream().await {
+                tracing::warn!(error = %e, "nats: cannot create the audit stream; operator actions are applied but their outcomes may not be readable by other instances");
+            }
+            let log = ActionLog::new(Some(actions.subject().to_owned()), &n.instance_name());
+            let actions = (Arc::new(actions) as Arc<dyn ActionChannel>, log);
             let source = NatsSource::new(js, n, &config.tiers);
-            serve(config, options, source, sink, counts, shutdown).await
+            serve(config, options, source, sink, counts, actions, shutdown).await
         }
     }
 }
@@ -155,6 +168,7 @@ async fn serve<S: Source, K: Sink>(
     source: S,
     sink: K,
     counts: Option<(Arc<dyn TierCounts>, String)>,
+    (channel, log): (Arc<dyn ActionChannel>, ActionLog),
     shutdown: CancellationToken,
 ) -> anyhow::Result<RunSummary> {
     let mut runtime = Runtime::new(
@@ -162,7 +176,8 @@ async fn serve<S: Source, K: Sink>(
         sink,
         SystemClock,
         options,
-    )?;
+    )?
+    .with_actions(log.clone());
     if let Some((counts, instance)) = counts {
         let tiers = &config.tiers;
         if tiers.share_interval * 4 > tiers.period {
@@ -175,14 +190,40 @@ async fn serve<S: Source, K: Sink>(
         tracing::info!(log = counts.name(), %instance, every_ms = config.tiers.share_interval.as_millis() as u64, "sharing tier counts with the other instances");
         runtime = runtime.with_tier_counts(counts, &instance);
     }
-    let admin = AdminServer::start_for(&config.admin, &runtime).await?;
+    let tail = tokio::spawn(tail_audit(Arc::clone(&channel), log));
+    let admin = AdminServer::start_for(&config.admin, &runtime, Some(channel)).await?;
     let watch = tokio::spawn(progress::watch(runtime.status(), shutdown.clone()));
     let summary = runtime.run(source, shutdown).await;
     watch.abort();
+    tail.abort();
     if let Some(admin) = admin {
         admin.stop().await;
     }
     Ok(summary?)
+}
+
+/// How far back an instance reads the audit log at start (ms): outcomes of requests
+/// accepted by other instances, or applied by a partition's previous owner, in that window
+/// are known here (`runtime::actions`).
+const AUDIT_LOOKBACK_MS: i64 = 24 * 3_600_000;
+
+/// Reads the deployment's audit records into `log` for as long as the run lasts (aborted
+/// at its end), reading again after a backoff when the broker is away.
+async fn tail_audit(channel: Arc<dyn ActionChannel>, log: ActionLog) {
+    let mut backoff = crate::transport::Backoff::new(std::time::Duration::from_secs(10));
+    loop {
+        let since = SystemClock.now_ms() - AUDIT_LOOKBACK_MS;
+        let feed = log.clone();
+        let each = Box::new(move |payload: &[u8]| {
+            if let Ok(record) = crate::codec::action::AuditRecord::decode(payload) {
+                feed.add(record);
+            }
+        });
+        if let Err(e) = channel.tail_audit(since, each).await {
+            tracing::debug!(error = %e, "reading the audit log; again after a backoff");
+        }
+        tokio::time::sleep(backoff.next_delay()).await;
+    }
 }
 
 /// The debounce rules a run starts with (`[debounce]` and its tenant overrides), as one log

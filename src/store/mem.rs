@@ -411,6 +411,27 @@ impl Mem {
             .cloned()
     }
 
+    /// Up to `n` live timers after `after` (exclusive; `None`: from the first) in firing
+    /// order, copied: a bounded slice of a walk over the queue (sorts the buckets it
+    /// reaches). Visits the stale entries between them too (compaction bounds those).
+    pub(crate) fn timers_after(
+        &mut self,
+        after: Option<&(Millis, SessionKey)>,
+        n: usize,
+    ) -> Vec<(Millis, SessionKey)> {
+        let (index, slots, evicted) = (&self.index, &self.slots, &self.evicted);
+        let mut out: Vec<(Millis, SessionKey)> = Vec::with_capacity(n.min(4096));
+        for t in self.timers.walk(after) {
+            if out.len() >= n {
+                break;
+            }
+            if due_in(index, slots, evicted, &t.1) == Some(t.0) && out.last() != Some(t) {
+                out.push(t.clone());
+            }
+        }
+        out
+    }
+
     /// Every timer in firing order, for a walk (sorts the queue's buckets as it goes).
     pub(crate) fn walk_timers(&mut self) -> impl Iterator<Item = &(Millis, SessionKey)> {
         let (index, slots, evicted) = (&self.index, &self.slots, &self.evicted);

@@ -1197,6 +1197,34 @@ impl PartitionStore {
         w.write(&self.state.write_opts)
     }
 
+    /// One bounded slice of a walk over the committed timers, for the admin's pending-work
+    /// listing (SEMANTICS §7): calls `f(due ms, key, state)` for each of the next `n` live
+    /// timers after `after` (exclusive; `None`: from the first) in `(due, key)` order, with
+    /// the key's state (from memory, or one RocksDB read for an evicted key). Returns the
+    /// cursor to continue from: the last timer visited when the slice was full, `None` when
+    /// the walk reached the end. Between slices the queue may change (uploads move timers):
+    /// a key can be seen twice or not at all across slices, never within one.
+    ///
+    /// Errors: [`Error::Read`], [`Error::Corrupt`] (reading an evicted key).
+    pub fn timer_slice(
+        &mut self,
+        after: Option<&(Millis, SessionKey)>,
+        n: usize,
+        mut f: impl FnMut(Millis, &SessionKey, &SessionState),
+    ) -> Result<Option<(Millis, SessionKey)>, Error> {
+        let timers = self.state.mem.timers_after(after, n);
+        for (due, key) in &timers {
+            if let Some(state) = self.session(key)? {
+                f(*due, key, &state);
+            }
+        }
+        Ok(if timers.len() >= n.max(1) {
+            timers.last().cloned()
+        } else {
+            None
+        })
+    }
+
     /// Calls `f` with every open round durable in the store, with its key, in key order: one
     /// scan of `sessions` decoding each state (a second or so per million sessions; the
     /// runtime does it at start only when the rules changed). Reads RocksDB, not memory:

@@ -911,6 +911,80 @@ impl PartitionInput for MemoryInput {
     }
 }
 
+/// Topic of the memory broker's audit records ([`super::ActionChannel`]).
+pub const MEMORY_AUDIT_TOPIC: &str = "memory.audit";
+
+/// [`super::ActionChannel`] of the memory broker: action records are appended to the
+/// broker's input log at the partition asked (producers' partitioner unknown, as on Kafka:
+/// [`super::ActionChannel::key_partition`] is `None`); audit records go to the output as
+/// records of topic [`MEMORY_AUDIT_TOPIC`].
+#[derive(Clone, Debug)]
+pub struct MemoryActions {
+    broker: MemoryBroker,
+}
+
+impl MemoryBroker {
+    /// The broker's [`super::ActionChannel`].
+    pub fn actions(&self) -> MemoryActions {
+        MemoryActions {
+            broker: self.clone(),
+        }
+    }
+
+    /// The audit records published so far (payloads of topic [`MEMORY_AUDIT_TOPIC`]).
+    pub fn audit(&self) -> Vec<Vec<u8>> {
+        self.output()
+            .into_iter()
+            .filter(|m| m.topic == MEMORY_AUDIT_TOPIC)
+            .map(|m| m.payload)
+            .collect()
+    }
+}
+
+impl super::ActionChannel for MemoryActions {
+    fn partitions(&self) -> BoxFuture<'_, Result<i32, Error>> {
+        let n = self.broker.partitions();
+        Box::pin(async move { Ok(n) })
+    }
+
+    fn key_partition(&self, _key: &str) -> Option<i32> {
+        None
+    }
+
+    fn send(
+        &self,
+        partition: i32,
+        key: &str,
+        payload: Vec<u8>,
+        timestamp_ms: i64,
+    ) -> BoxFuture<'_, Result<(), Error>> {
+        self.broker
+            .produce(Some(partition), Some(key.as_bytes()), payload, timestamp_ms);
+        Box::pin(async { Ok(()) })
+    }
+
+    fn publish_audit(&self, key: &str, payload: Vec<u8>) -> BoxFuture<'_, Result<(), Error>> {
+        let message = ReadyMessage {
+            topic: MEMORY_AUDIT_TOPIC.to_owned(),
+            tier: "audit".to_owned(),
+            key: key.to_owned(),
+            emission_id: key.to_owned(),
+            payload,
+            partition: None,
+        };
+        let sink = self.broker.sink();
+        Box::pin(async move { sink.publish(message).await })
+    }
+
+    fn tail_audit(
+        &self,
+        _since_ms: i64,
+        _each: Box<dyn Fn(&[u8]) + Send + Sync>,
+    ) -> BoxFuture<'_, Result<(), Error>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
 /// [`Sink`] of the memory broker.
 #[derive(Clone, Debug)]
 pub struct MemorySink {

@@ -479,6 +479,53 @@ pub trait TierCounts: Send + Sync + 'static {
     fn subscribe(&self) -> BoxFuture<'_, Result<Box<dyn TierCountsFeed>, Error>>;
 }
 
+/// Sends operator action records (SEMANTICS §7, `codec::action`) to the input partitions, so
+/// that each partition's single writer applies them in order with the uploads, and reads
+/// back the audit records every instance publishes. Kafka: the input topic (any partition;
+/// the producer sets it) and the audit topic; NATS: the input stream's partition subjects
+/// and the audit subject; memory: the broker's log.
+pub trait ActionChannel: Send + Sync + 'static {
+    /// The input's partition count.
+    ///
+    /// Errors: [`Error::Unavailable`] (metadata not reachable now).
+    fn partitions(&self) -> BoxFuture<'_, Result<i32, Error>>;
+
+    /// The partition whose records hold `key` when the transport decides it (NATS: the
+    /// subject's hash); `None` when producers' partitioners decide (Kafka), so that a
+    /// session action goes to every partition and the one that holds the key applies it.
+    fn key_partition(&self, key: &str) -> Option<i32>;
+
+    /// Appends one record (record key `key`, value `payload`, timestamp `timestamp_ms`
+    /// where the broker keeps the producer's) to input partition `partition`; resolves once
+    /// the broker acknowledged it.
+    ///
+    /// Errors: [`Error::Unavailable`], [`Error::Fatal`].
+    fn send(
+        &self,
+        partition: i32,
+        key: &str,
+        payload: Vec<u8>,
+        timestamp_ms: i64,
+    ) -> BoxFuture<'_, Result<(), Error>>;
+
+    /// Publishes one audit record (JSON, record key = the request id) to the audit topic.
+    ///
+    /// Errors: [`Error::Unavailable`], [`Error::Fatal`].
+    fn publish_audit(&self, key: &str, payload: Vec<u8>) -> BoxFuture<'_, Result<(), Error>>;
+
+    /// Calls `each` with every audit record (its JSON payload) published from about
+    /// `since_ms` (wall clock, ms) on, then with every new one, until the returned future is
+    /// dropped. A transport without a shared audit log (memory) returns at once: a single
+    /// process sees its own records.
+    ///
+    /// Errors: the audit log cannot be read (the caller retries after a backoff).
+    fn tail_audit(
+        &self,
+        since_ms: i64,
+        each: Box<dyn Fn(&[u8]) + Send + Sync>,
+    ) -> BoxFuture<'_, Result<(), Error>>;
+}
+
 /// The snapshots published after [`TierCounts::subscribe`], in the order the log has them.
 pub trait TierCountsFeed: Send {
     /// The next snapshot; waits for one.

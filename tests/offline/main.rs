@@ -17,7 +17,9 @@ mod runtime_support;
 #[path = "../support/source.rs"]
 mod source_support;
 
+mod admin_actions;
 mod admin_api;
+mod admin_pending;
 mod codec_schema;
 mod engine_model;
 mod engine_purity;

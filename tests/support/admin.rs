@@ -8,9 +8,32 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// `GET path` over a new connection: (status, body); `Err` when the server cannot be reached.
 pub async fn try_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    try_request(addr, "GET", path, &[], None).await
+}
+
+/// `method path` with `headers` and a JSON `body` over a new connection: (status, body).
+pub async fn try_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> std::io::Result<(u16, String)> {
     let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_owned());
     let mut s = tokio::net::TcpStream::connect(addr).await?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    let mut request =
+        format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        request.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if let Some(b) = body {
+        request.push_str(&format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",
+            b.len()
+        ));
+    } else {
+        request.push_str("\r\n");
+    }
     s.write_all(request.as_bytes()).await?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).await?;
@@ -47,6 +70,15 @@ pub async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
 pub async fn get_json(addr: SocketAddr, path: &str) -> (u16, serde_json::Value) {
     let (status, body) = get(addr, path).await;
     let v = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"));
+    (status, v)
+}
+
+/// `POST path` with JSON `body`; the answer parsed as JSON. Panics when unreachable.
+pub async fn post_json(addr: SocketAddr, path: &str, body: &str) -> (u16, serde_json::Value) {
+    let (status, text) = try_request(addr, "POST", path, &[], Some(body))
+        .await
+        .unwrap_or_else(|e| panic!("POST {path}: {e}"));
+    let v = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}: {text}"));
     (status, v)
 }
 

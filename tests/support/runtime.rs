@@ -107,6 +107,7 @@ pub fn emitted(broker: &MemoryBroker) -> Vec<(Emission, Millis)> {
     broker
         .output()
         .iter()
+        .filter(|m| m.topic != settle::transport::memory::MEMORY_AUDIT_TOPIC)
         .map(|m| {
             let r = settle::codec::decode_ready(&m.payload).expect("ready record");
             (r.emission(), r.emitted_at)

@@ -82,6 +82,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+pub mod actions;
 mod changelog;
 pub mod consumer;
 pub mod producer;
@@ -90,6 +91,7 @@ pub mod topics;
 mod txn;
 
 pub use crate::config::kafka::{KafkaConfig, KafkaConfigError, ProcessingGuarantee, Role};
+pub use actions::KafkaActions;
 pub use consumer::{KafkaInput, KafkaSource};
 pub use producer::KafkaSink;
 pub use tier_counts::TierCountsTopic;
