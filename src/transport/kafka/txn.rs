@@ -131,7 +131,7 @@ pub fn check_transactions(
             return Err(Error::Fatal {
                 transport: TRANSPORT,
                 reason: format!(
-                    "kafka.processing-guarantee = \"exactly-once\" needs Kafka transactions, and broker {broker} does not support them (no {} in its ApiVersions answer; tansu 0.6 has no EndTxn): refusing to start, nothing was consumed or produced. Set kafka.processing-guarantee = \"at-least-once\" (consumers de-duplicate on emission_id), or use a broker with transactions (Apache Kafka 0.11 or later, Redpanda, ...)",
+                    "kafka.processing-guarantee = \"exactly-once\" needs Kafka transactions, and broker {broker} does not support them (no {} in its ApiVersions answer): refusing to start, nothing was consumed or produced. Set kafka.processing-guarantee = \"at-least-once\" (consumers de-duplicate on emission_id), or use a broker with transactions (Apache Kafka 0.11 or later, Redpanda, ...)",
                     missing.join(", ")
                 ),
             });
