@@ -32,17 +32,33 @@ const BLOCK_MS: &str = "600000";
 /// The drill's warning, logged right before the workers block.
 const DRILL_MESSAGE: &str = "SETTLE_FAULT_BLOCK_WORKER_MS: blocking every runtime worker thread";
 
+/// A `settle run` child killed (SIGKILL) when the test ends, however it ends: the drill
+/// keeps a process blocked for 10 min.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Starts `settle run` on fresh topics with the drill on, its JSON log in `dir/NAME.log`, and
 /// waits (at most 120 s) until the drill has blocked the runtime. Returns the process and
 /// the log's path.
-fn blocked_run(bootstrap: &str, dir: &Path, name: &str) -> Result<(Child, std::path::PathBuf)> {
+fn blocked_run(bootstrap: &str, dir: &Path, name: &str) -> Result<(Killed, std::path::PathBuf)> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let (kafka, output) = kafka_support::fresh_topics(&rt, bootstrap, name, 1)?;
     let (config, _) = process_support::write_kafka_config(dir, &kafka, &output, SHUTDOWN_DEADLINE)?;
     let log = dir.join(format!("{name}.log"));
-    let mut child = start_run_logged(&config, &[(BLOCK_WORKERS_ENV, BLOCK_MS)], &log)?;
+    let mut run = Killed(start_run_logged(
+        &config,
+        &[(BLOCK_WORKERS_ENV, BLOCK_MS)],
+        &log,
+    )?);
+    let child = &mut run.0;
     let t0 = Instant::now();
     loop {
         if json_log(&log)?.with_message(DRILL_MESSAGE).next().is_some() {
@@ -55,7 +71,6 @@ fn blocked_run(bootstrap: &str, dir: &Path, name: &str) -> Result<(Child, std::p
             );
         }
         if t0.elapsed() > Duration::from_secs(120) {
-            child.kill()?;
             anyhow::bail!(
                 "no partition went live within 120 s:\n{}",
                 json_log(&log)?.trouble(20)
@@ -65,7 +80,7 @@ fn blocked_run(bootstrap: &str, dir: &Path, name: &str) -> Result<(Child, std::p
     }
     // Let the blocking tasks reach every worker.
     std::thread::sleep(Duration::from_millis(500));
-    Ok((child, log))
+    Ok((run, log))
 }
 
 /// The first event of `log` with `message`, waiting up to `limit` for it.
@@ -92,9 +107,10 @@ fn sigterm_to_a_blocked_runtime_ends_at_the_hard_stop() -> Result<()> {
         return Ok(());
     };
     let dir = tempfile::tempdir()?;
-    let (mut child, log) = blocked_run(&bootstrap, dir.path(), "signal-hard-stop")?;
+    let (mut run, log) = blocked_run(&bootstrap, dir.path(), "signal-hard-stop")?;
+    let child = &mut run.0;
     let term = Instant::now();
-    send_sigterm(&child)?;
+    send_sigterm(child)?;
     let seen = wait_for_event(&log, SIGNAL_SEEN, Duration::from_secs(10))?;
     ensure!(
         seen.is_some(),
@@ -102,10 +118,9 @@ fn sigterm_to_a_blocked_runtime_ends_at_the_hard_stop() -> Result<()> {
         json_log(&log)?.trouble(20)
     );
     let hard_stop = SHUTDOWN_DEADLINE + SHUTDOWN_GRACE;
-    let status = wait_exit(&mut child, hard_stop + Duration::from_secs(15))?;
+    let status = wait_exit(child, hard_stop + Duration::from_secs(15))?;
     let took = term.elapsed();
     let Some(status) = status else {
-        child.kill()?;
         anyhow::bail!("still running {took:?} after SIGTERM (hard stop {hard_stop:?})");
     };
     ensure!(
@@ -147,16 +162,16 @@ fn a_second_sigterm_to_a_blocked_runtime_exits_at_once() -> Result<()> {
         return Ok(());
     };
     let dir = tempfile::tempdir()?;
-    let (mut child, log) = blocked_run(&bootstrap, dir.path(), "signal-second")?;
-    send_sigterm(&child)?;
+    let (mut run, log) = blocked_run(&bootstrap, dir.path(), "signal-second")?;
+    let child = &mut run.0;
+    send_sigterm(child)?;
     ensure!(
         wait_for_event(&log, SIGNAL_SEEN, Duration::from_secs(10))?.is_some(),
         "SIGTERM not seen within 10 s while the runtime is blocked:\n{}",
         json_log(&log)?.trouble(20)
     );
-    send_sigterm(&child)?;
-    let Some(status) = wait_exit(&mut child, Duration::from_secs(10))? else {
-        child.kill()?;
+    send_sigterm(child)?;
+    let Some(status) = wait_exit(child, Duration::from_secs(10))? else {
         anyhow::bail!("still running 10 s after the second SIGTERM");
     };
     ensure!(status.code() == Some(130), "exit {status}, want 130");
