@@ -323,3 +323,118 @@ fn transport_and_nats_from_file_and_environment() {
         Ok(())
     });
 }
+
+#[test]
+fn kafka_secrets_from_files_and_the_environment_are_applied_and_never_shown() {
+    jailed(|jail| {
+        let dir = jail.directory().to_owned();
+        jail.create_file("kafka-pass", "file-s3cret\n")
+            .map_err(|e| e.to_string())?;
+        jail.create_file("oauth", "  principal=settle extension_token=env-s3cret \n")
+            .map_err(|e| e.to_string())?;
+        jail.create_file(
+            "settle.toml",
+            &format!(
+                r#"
+                [kafka]
+                [kafka.properties]
+                "security.protocol" = "SASL_SSL"
+                "sasl.mechanisms" = "PLAIN"
+                "sasl.username" = "settle"
+                "ssl.key.password" = "inline-s3cret"
+                [kafka.property-files]
+                "sasl.password" = "{}"
+                "#,
+                dir.join("kafka-pass").display()
+            ),
+        )
+        .map_err(|e| e.to_string())?;
+        // The environment: a file for a property, and a property's value itself.
+        jail.set_env(
+            "SETTLE_KAFKA__PROPERTY_FILES__SASL__OAUTHBEARER__CONFIG",
+            dir.join("oauth").display(),
+        );
+        jail.set_env("SETTLE_KAFKA__PROPERTIES__SOCKET__TIMEOUT__MS", "12345");
+        let c = Config::load(Some(Path::new("settle.toml"))).map_err(|e| e.to_string())?;
+        let producer = c
+            .kafka
+            .client_config(settle::transport::kafka::Role::Producer);
+        assert_eq!(producer.get("sasl.password"), Some("file-s3cret"));
+        assert_eq!(
+            producer.get("sasl.oauthbearer.config"),
+            Some("principal=settle extension_token=env-s3cret"),
+            "trimmed"
+        );
+        assert_eq!(producer.get("socket.timeout.ms"), Some("12345"));
+        assert!(
+            !format!("{c:?}").contains("s3cret"),
+            "Debug of the config shows a secret"
+        );
+
+        let mut out = Vec::new();
+        settle::cli::check_config::run(Path::new("settle.toml"), &mut out)
+            .map_err(|e| e.to_string())?;
+        let out = String::from_utf8(out).map_err(|e| e.to_string())?;
+        assert!(
+            !out.contains("s3cret"),
+            "check-config shows a secret:\n{out}"
+        );
+        for want in [
+            r#""security.protocol" = SASL_SSL"#.to_owned(),
+            r#""sasl.username" = settle"#.to_owned(),
+            r#""socket.timeout.ms" = 12345"#.to_owned(),
+            r#""ssl.key.password" = <redacted>"#.to_owned(),
+            format!(
+                r#""sasl.password" = <redacted> (from file {})"#,
+                dir.join("kafka-pass").display()
+            ),
+            format!(
+                r#""sasl.oauthbearer.config" = <redacted> (from file {})"#,
+                dir.join("oauth").display()
+            ),
+        ] {
+            assert!(out.contains(&want), "{want} not in:\n{out}");
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn a_missing_secret_file_names_the_key_and_the_path() {
+    jailed(|jail| {
+        jail.create_file(
+            "settle.toml",
+            r#"
+            [kafka.property-files]
+            "sasl.password" = "/run/secrets/no-such-kafka-pass"
+            "#,
+        )
+        .map_err(|e| e.to_string())?;
+        let e = Config::load(Some(Path::new("settle.toml"))).unwrap_err();
+        assert_eq!(e.key(), Some(r#"kafka.property-files."sasl.password""#));
+        let text = e.to_string();
+        assert!(
+            text.contains("cannot read /run/secrets/no-such-kafka-pass")
+                && text.contains("(from file ")
+                && text.contains("settle.toml)"),
+            "{text}"
+        );
+        // check-config fails the same way.
+        let e = settle::cli::check_config::run(Path::new("settle.toml"), &mut Vec::new())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(r#"kafka.property-files."sasl.password""#), "{e}");
+        // From the environment too.
+        jail.set_env(
+            "SETTLE_KAFKA__PROPERTY_FILES__SSL__KEY__PASSWORD",
+            "/run/secrets/no-such-key-pass",
+        );
+        let e = Config::load(None).unwrap_err();
+        assert_eq!(e.key(), Some(r#"kafka.property-files."ssl.key.password""#));
+        assert!(
+            e.to_string().contains("/run/secrets/no-such-key-pass"),
+            "{e}"
+        );
+        Ok(())
+    });
+}

@@ -1,5 +1,7 @@
 //! `settle check-config FILE`: validates a config file without connecting to anything and
 //! prints what it says (policies, transport, admin, each transport's section, tiers).
+//! Secrets are never printed: Kafka properties that hold one and every value read from
+//! `[kafka.property-files]` show as `<redacted>` (`KafkaConfig::shown_properties`).
 
 use crate::config::kafka::ProcessingGuarantee;
 use crate::config::Config;
@@ -45,6 +47,14 @@ pub fn run(file: &Path, out: &mut impl Write) -> anyhow::Result<()> {
         },
         k.instance_id(),
     )?;
+    let shown = k.shown_properties();
+    if !shown.is_empty() {
+        let list: Vec<String> = shown
+            .iter()
+            .map(|(key, v)| format!("{key:?} = {v}"))
+            .collect();
+        writeln!(out, "kafka properties: {}", list.join(", "))?;
+    }
     let n = &cfg.nats;
     writeln!(
         out,

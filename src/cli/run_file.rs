@@ -83,7 +83,7 @@ async fn run_async(args: RunFileArgs) -> anyhow::Result<RunFileReport> {
     let status = runtime.status();
     let shutdown = CancellationToken::new();
     let signals =
-        shutdown_on_signals(shutdown.clone()).context("cannot install signal handlers")?;
+        shutdown_on_signals(shutdown.clone(), None).context("cannot install signal handlers")?;
     let n = broker.partitions();
     let done = {
         let shutdown = shutdown.clone();

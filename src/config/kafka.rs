@@ -2,6 +2,12 @@
 //! topics, the processing guarantee, librdkafka properties) and its validation, including
 //! the check of every property against librdkafka itself. The transport
 //! (`crate::transport::kafka`) builds its clients from [`KafkaConfig::client_config`].
+//!
+//! Secrets: any property can come from a file (`[kafka.property-files]`, read once at start
+//! by [`KafkaConfig::read_property_files`]). Values that are secrets ([`is_secret_property`]
+//! and every value read from a file) never leave this module in readable form except in
+//! [`KafkaConfig::client_config`]: the `Debug` form and [`KafkaConfig::shown_properties`]
+//! (what `settle check-config` prints) redact them, and errors name the key, never the value.
 
 use super::KeyError;
 use rdkafka::config::RDKafkaLogLevel;
@@ -9,6 +15,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::ClientConfig;
 use serde::{Deserialize, Deserializer, Serialize};
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Keys of `[kafka.properties]` that settle sets itself: each has its own config key or is
@@ -55,8 +62,10 @@ const MANAGED_PROPERTIES: [(&str, &str); 8] = [
 /// "security.protocol" = "SASL_SSL"
 /// "sasl.mechanisms" = "SCRAM-SHA-512"
 /// "session.timeout.ms" = 10000
+/// [kafka.property-files]        # librdkafka property -> file holding its value
+/// "sasl.password" = "/run/secrets/kafka-pass"
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
 pub struct KafkaConfig {
     /// `bootstrap-servers`: comma-separated `host:port` list (default `127.0.0.1:9092`).
@@ -103,8 +112,96 @@ pub struct KafkaConfig {
     /// settings, timeouts, `client.id`, `fetch.wait.max.ms`, ...). The keys settle manages
     /// (`bootstrap.servers`, `group.id`, `group.instance.id`, `enable.auto.commit`, `enable.auto.offset.store`,
     /// `enable.partition.eof`, `enable.idempotence`, `transactional.id`) are rejected.
+    /// Nested tables join their keys with `.`, so `SETTLE_KAFKA__PROPERTIES__SASL__MECHANISMS`
+    /// sets `sasl.mechanisms` (and `sasl.mechanisms = ...` without quotes works in TOML).
     #[serde(deserialize_with = "property_values")]
     pub properties: BTreeMap<String, String>,
+    /// `[kafka.property-files]`: librdkafka properties whose value is the content of a file
+    /// (property name -> file path; the content with surrounding whitespace trimmed), for
+    /// secrets mounted as files (`"sasl.password" = "/run/secrets/kafka-pass"`). Read once, by
+    /// [`KafkaConfig::read_property_files`] (`Config::load` calls it); applied like
+    /// `properties`, never shown (`settle check-config` prints `<redacted>`). A key may be in
+    /// `properties` or here, not both; the keys settle manages are rejected here too.
+    /// `SETTLE_KAFKA__PROPERTY_FILES__SASL__PASSWORD=/run/secrets/kafka-pass` sets one from
+    /// the environment.
+    #[serde(
+        deserialize_with = "property_paths",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub property_files: BTreeMap<String, PathBuf>,
+    /// The values read from `property_files`, empty until
+    /// [`KafkaConfig::read_property_files`] (not a config key).
+    #[serde(skip)]
+    pub file_values: FileValues,
+}
+
+/// The values read from `[kafka.property-files]` (property name -> value), only readable by
+/// [`KafkaConfig::client_config`]; `Debug` shows the names alone.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct FileValues(BTreeMap<String, String>);
+
+impl std::fmt::Debug for FileValues {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.0.keys()).finish()
+    }
+}
+
+impl std::fmt::Debug for KafkaConfig {
+    /// Every field, with secret property values and every value read from a file as
+    /// `<redacted>` ([`KafkaConfig::shown_properties`]).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let KafkaConfig {
+            bootstrap_servers,
+            group_id,
+            input_topic,
+            dead_letter_topic,
+            changelog_topic,
+            tier_counts_topic,
+            instance_id,
+            group_instance_id,
+            processing_guarantee,
+            properties: _,
+            property_files,
+            file_values,
+        } = self;
+        let properties: BTreeMap<&str, String> = self
+            .shown_properties()
+            .into_iter()
+            .filter(|(k, _)| self.properties.contains_key(*k))
+            .collect();
+        f.debug_struct("KafkaConfig")
+            .field("bootstrap_servers", bootstrap_servers)
+            .field("group_id", group_id)
+            .field("input_topic", input_topic)
+            .field("dead_letter_topic", dead_letter_topic)
+            .field("changelog_topic", changelog_topic)
+            .field("tier_counts_topic", tier_counts_topic)
+            .field("instance_id", instance_id)
+            .field("group_instance_id", group_instance_id)
+            .field("processing_guarantee", processing_guarantee)
+            .field("properties", &properties)
+            .field("property_files", property_files)
+            .field("file_values", file_values)
+            .finish()
+    }
+}
+
+/// What [`KafkaConfig::shown_properties`] prints in place of a secret value.
+pub const REDACTED: &str = "<redacted>";
+
+/// Whether librdkafka property `key` holds a secret that settle never shows: a password,
+/// secret or passphrase (`sasl.password`, `ssl.key.password`, `ssl.keystore.password`,
+/// `sasl.oauthbearer.client.secret`, ...), `sasl.oauthbearer.config` (may carry a token or
+/// client secret), and private keys given inline (`ssl.key.pem`, `ssl_key`,
+/// `sasl.oauthbearer.assertion.private.key.pem`). Case-insensitive.
+pub fn is_secret_property(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    ["password", "secret", "passphrase"]
+        .iter()
+        .any(|w| key.contains(w))
+        || key == "sasl.oauthbearer.config"
+        || key == "ssl_key"
+        || (key.contains("key") && key.ends_with(".pem"))
 }
 
 impl Default for KafkaConfig {
@@ -120,6 +217,8 @@ impl Default for KafkaConfig {
             group_instance_id: None,
             processing_guarantee: ProcessingGuarantee::AtLeastOnce,
             properties: BTreeMap::new(),
+            property_files: BTreeMap::new(),
+            file_values: FileValues::default(),
         }
     }
 }
@@ -188,6 +287,43 @@ impl KafkaConfig {
     }
 }
 
+/// A table whose nested tables join their keys with `.`: `{sasl: {password: x}}` is
+/// `sasl.password = x`. How a librdkafka property name (dots) arrives from the environment
+/// (`SETTLE_KAFKA__PROPERTIES__SASL__PASSWORD`) or from an unquoted dotted TOML key.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Dotted<T> {
+    Leaf(T),
+    Table(BTreeMap<String, Dotted<T>>),
+}
+
+impl<T> Dotted<T> {
+    /// The leaves of `table` by their dotted key (`prefix` + key).
+    fn flatten_into(table: BTreeMap<String, Dotted<T>>, prefix: &str, out: &mut Vec<(String, T)>) {
+        for (k, v) in table {
+            let key = if prefix.is_empty() {
+                k
+            } else {
+                format!("{prefix}.{k}")
+            };
+            match v {
+                Dotted::Leaf(leaf) => out.push((key, leaf)),
+                Dotted::Table(t) => Dotted::flatten_into(t, &key, out),
+            }
+        }
+    }
+}
+
+/// Reads a table of dotted keys ([`Dotted`]) into `key -> T`.
+fn dotted<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Vec<(String, T)>, D::Error> {
+    let raw = BTreeMap::<String, Dotted<T>>::deserialize(d)?;
+    let mut out = Vec::new();
+    Dotted::flatten_into(raw, "", &mut out);
+    Ok(out)
+}
+
 /// Reads `[kafka.properties]` values written as strings, integers, floats or booleans.
 fn property_values<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
     #[derive(Deserialize)]
@@ -198,8 +334,7 @@ fn property_values<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, S
         Float(f64),
         Bool(bool),
     }
-    let raw = BTreeMap::<String, Value>::deserialize(d)?;
-    Ok(raw
+    Ok(dotted::<D, Value>(d)?
         .into_iter()
         .map(|(k, v)| {
             let v = match v {
@@ -211,6 +346,11 @@ fn property_values<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, S
             (k, v)
         })
         .collect())
+}
+
+/// Reads `[kafka.property-files]`: property name -> file path.
+fn property_paths<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, PathBuf>, D::Error> {
+    Ok(dotted::<D, PathBuf>(d)?.into_iter().collect())
 }
 
 /// A `[kafka]` value that cannot be used: `key` is the full dotted key (`kafka.input-topic`,
@@ -320,6 +460,24 @@ impl KafkaConfig {
                 ));
             }
         }
+        for key in self.property_files.keys() {
+            let at = format!("kafka.property-files.{key:?}");
+            if let Some((_, why)) = MANAGED_PROPERTIES.iter().find(|(k, _)| k == key) {
+                return Err(KeyError::new(at, format!("managed by settle: {why}")));
+            }
+            if self.properties.contains_key(key) {
+                return Err(KeyError::new(
+                    at,
+                    format!("also set in kafka.properties: give {key:?} in one of the two"),
+                ));
+            }
+            if !self.file_values.0.contains_key(key) {
+                return Err(KeyError::new(
+                    at,
+                    "not read yet (KafkaConfig::read_property_files)",
+                ));
+            }
+        }
         for role in [Role::Consumer, Role::Producer] {
             self.client_config(role)
                 .create_native_config()
@@ -354,10 +512,61 @@ impl KafkaConfig {
                     .set("message.timeout.ms", "30000");
             }
         }
-        for (k, v) in &self.properties {
+        for (k, v) in self.properties.iter().chain(&self.file_values.0) {
             c.set(k, v);
         }
         c
+    }
+
+    /// Reads every file of `[kafka.property-files]` (its content, surrounding whitespace
+    /// trimmed, is the property's value), replacing what an earlier call read. `Config::load`
+    /// calls it before validation; call it yourself for a `KafkaConfig` built in code.
+    ///
+    /// Errors: [`KafkaConfigError`] with key `kafka.property-files."NAME"` and the file's path
+    /// when a file cannot be read, is not UTF-8 or holds only whitespace (the content is never
+    /// part of the message).
+    pub fn read_property_files(&mut self) -> Result<(), KafkaConfigError> {
+        let mut values = BTreeMap::new();
+        for (key, path) in &self.property_files {
+            let at = || format!("kafka.property-files.{key:?}");
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| KeyError::new(at(), format!("cannot read {}: {e}", path.display())))?;
+            let value = text.trim();
+            if value.is_empty() {
+                return Err(KeyError::new(
+                    at(),
+                    format!(
+                        "{} is empty: it must hold the property's value",
+                        path.display()
+                    ),
+                ));
+            }
+            values.insert(key.clone(), value.to_owned());
+        }
+        self.file_values = FileValues(values);
+        Ok(())
+    }
+
+    /// Every property settle applies on top of its own settings (`[kafka.properties]` and
+    /// `[kafka.property-files]`), by name, as it may be shown: a secret
+    /// ([`is_secret_property`]) as [`REDACTED`], a value read from a file as
+    /// `<redacted> (from file PATH)`, anything else as written.
+    pub fn shown_properties(&self) -> BTreeMap<&str, String> {
+        let inline = self.properties.iter().map(|(k, v)| {
+            let shown = if is_secret_property(k) {
+                REDACTED.to_owned()
+            } else {
+                v.clone()
+            };
+            (k.as_str(), shown)
+        });
+        let from_files = self.property_files.iter().map(|(k, path)| {
+            (
+                k.as_str(),
+                format!("{REDACTED} (from file {})", path.display()),
+            )
+        });
+        inline.chain(from_files).collect()
     }
 }
 
@@ -483,6 +692,143 @@ input-topic = "in"
             c.client_config(Role::Producer).get("enable.idempotence"),
             Some("true")
         );
+    }
+
+    #[test]
+    fn property_files_are_read_trimmed_applied_and_never_shown() {
+        let dir = tempfile::tempdir().unwrap();
+        let pass = dir.path().join("kafka-pass");
+        std::fs::write(&pass, "  s3cret-from-file\n").unwrap();
+        let mut c = parse(&format!(
+            r#"
+[properties]
+"security.protocol" = "SASL_SSL"
+"sasl.username" = "settle"
+"ssl.key.password" = "inline-s3cret"
+[property-files]
+"sasl.password" = "{}"
+"#,
+            pass.display()
+        ))
+        .unwrap();
+        assert_eq!(c.property_files["sasl.password"], pass);
+        // Not read yet: refused, so a config built in code cannot lose the secret silently.
+        let e = c.validate().unwrap_err();
+        assert_eq!(e.key, r#"kafka.property-files."sasl.password""#);
+        c.read_property_files().unwrap();
+        c.validate().unwrap();
+        for role in [Role::Consumer, Role::Producer] {
+            assert_eq!(
+                c.client_config(role).get("sasl.password"),
+                Some("s3cret-from-file")
+            );
+            assert_eq!(
+                c.client_config(role).get("ssl.key.password"),
+                Some("inline-s3cret")
+            );
+        }
+        let shown = c.shown_properties();
+        assert_eq!(shown["security.protocol"], "SASL_SSL");
+        assert_eq!(shown["sasl.username"], "settle");
+        assert_eq!(shown["ssl.key.password"], REDACTED);
+        assert_eq!(
+            shown["sasl.password"],
+            format!("{REDACTED} (from file {})", pass.display())
+        );
+        let debug = format!("{c:?}");
+        assert!(!debug.contains("s3cret"), "Debug shows a secret: {debug}");
+        assert!(
+            debug.contains("SASL_SSL") && debug.contains("kafka-pass"),
+            "{debug}"
+        );
+    }
+
+    #[test]
+    fn property_file_errors_name_the_key_and_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("no-such-file");
+        let mut c = KafkaConfig {
+            property_files: [("sasl.password".to_owned(), missing.clone())].into(),
+            ..KafkaConfig::default()
+        };
+        let e = c.read_property_files().unwrap_err();
+        assert_eq!(e.key, r#"kafka.property-files."sasl.password""#);
+        assert!(e.message.contains(&missing.display().to_string()), "{e}");
+        let blank = dir.path().join("blank");
+        std::fs::write(&blank, " \n").unwrap();
+        c.property_files
+            .insert("sasl.password".into(), blank.clone());
+        let e = c.read_property_files().unwrap_err();
+        assert!(e.message.contains("is empty"), "{e}");
+        // A bad value from a file is named by its key; the value is not repeated.
+        let bad = dir.path().join("bad");
+        std::fs::write(&bad, "s3cret").unwrap();
+        let mut c = KafkaConfig {
+            property_files: [("session.timeout.ms".to_owned(), bad)].into(),
+            ..KafkaConfig::default()
+        };
+        c.read_property_files().unwrap();
+        let e = c.validate().unwrap_err();
+        assert_eq!(e.key, r#"kafka.properties."session.timeout.ms""#);
+        assert!(!e.to_string().contains("s3cret"), "{e}");
+        // Managed keys and keys given twice are refused.
+        let twice = parse(&format!(
+            "[properties]\n\"sasl.password\" = \"x\"\n[property-files]\n\"sasl.password\" = \"{}\"",
+            blank.display()
+        ))
+        .unwrap();
+        let e = twice.validate().unwrap_err();
+        assert_eq!(e.key, r#"kafka.property-files."sasl.password""#);
+        assert!(e.message.contains("also set in kafka.properties"), "{e}");
+        let managed = parse("[property-files]\n\"group.id\" = \"/x\"").unwrap();
+        let e = managed.validate().unwrap_err();
+        assert!(e.message.contains("managed by settle"), "{e}");
+    }
+
+    #[test]
+    fn nested_property_tables_are_dotted_names() {
+        let c = parse(
+            r#"
+[properties]
+sasl.mechanisms = "PLAIN"
+session = { timeout = { ms = 6000 } }
+[property-files]
+sasl.password = "/run/secrets/kafka-pass"
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.properties["sasl.mechanisms"], "PLAIN");
+        assert_eq!(c.properties["session.timeout.ms"], "6000");
+        assert_eq!(
+            c.property_files["sasl.password"],
+            PathBuf::from("/run/secrets/kafka-pass")
+        );
+    }
+
+    #[test]
+    fn secret_property_names() {
+        for key in [
+            "sasl.password",
+            "ssl.key.password",
+            "ssl.keystore.password",
+            "sasl.oauthbearer.client.secret",
+            "sasl.oauthbearer.config",
+            "ssl.key.pem",
+            "sasl.oauthbearer.assertion.private.key.pem",
+            "sasl.oauthbearer.assertion.private.key.passphrase",
+            "SASL.PASSWORD",
+        ] {
+            assert!(is_secret_property(key), "{key}");
+        }
+        for key in [
+            "sasl.username",
+            "security.protocol",
+            "ssl.ca.location",
+            "ssl.ca.pem",
+            "session.timeout.ms",
+        ] {
+            assert!(!is_secret_property(key), "{key}");
+        }
     }
 
     #[test]

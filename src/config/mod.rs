@@ -394,11 +394,12 @@ fn origin_of(md: &figment::Metadata, path: &str, exact: bool) -> String {
 
 impl Config {
     /// Loads the configuration: defaults, then the TOML file `file` (if given), then `SETTLE_`
-    /// environment variables (see the module docs); then [`Config::validate`].
+    /// environment variables (see the module docs); then reads the files of
+    /// `[kafka.property-files]` and runs [`Config::validate`].
     ///
     /// Errors: [`ConfigError::Read`] when `file` cannot be read; [`ConfigError::Parse`] for
     /// malformed TOML, unknown keys and unreadable values; [`ConfigError::Invalid`] for values
-    /// out of range.
+    /// out of range and for a property file that cannot be read (key and path named).
     pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
         let mut figment = Figment::new();
         if let Some(path) = file {
@@ -418,7 +419,11 @@ impl Config {
     }
 
     fn extract(figment: Figment) -> Result<Config, ConfigError> {
-        let config: Config = figment.extract().map_err(from_figment)?;
+        let mut config: Config = figment.extract().map_err(from_figment)?;
+        config
+            .kafka
+            .read_property_files()
+            .map_err(|e| ConfigError::from(e).located(&figment))?;
         config.validate().map_err(|e| e.located(&figment))?;
         Ok(config)
     }

@@ -3,7 +3,11 @@
 //! `transport::nats`, chosen by `transport`), the runtime with its stores, tier router and
 //! tier-events task (`crate::runtime`), the liveness lease (Kafka: two thirds of
 //! `session.timeout.ms`), the admin server (`crate::admin`) and the progress watch, then
-//! runs until SIGINT/SIGTERM ([`signals`]) and turns how it ended into the exit status.
+//! runs until SIGINT/SIGTERM ([`signals`]: on a thread of their own, with the hard stop
+//! `runtime.shutdown-deadline` + [`SHUTDOWN_GRACE`] after the stop began) and turns how it
+//! ended into the exit status. On Kafka in exactly-once mode it first checks that the
+//! cluster supports transactions ([`kafka::check_transactions`]) and refuses to start
+//! otherwise.
 //!
 //! One code path: the transport decides only how the source and sink are made and whether
 //! there is a lease; everything after that ([`run_until`]'s `serve`) is the same for every
@@ -11,15 +15,17 @@
 //!
 //! Exit status of `settle run` (`main` prints the error): 0 after a graceful stop, whose last
 //! log line is `settle run stopped` (partitions ended, how many flushed their outbox); 1 when
-//! the config is invalid, a client or the admin listener cannot be set up, the source
-//! failed, the lease expired (the process was paused longer than it may own partitions), or
-//! a partition failed (the message names the first one and why).
+//! the config is invalid, a client or the admin listener cannot be set up, the cluster has
+//! no transactions in exactly-once mode, the source failed, the lease expired (the process
+//! was paused longer than it may own partitions), a partition failed (the message names the
+//! first one and why), or the stop outlived its hard stop; 130 on a second signal.
 
 pub mod signals;
 
-pub use signals::shutdown_on_signals;
+pub use signals::{shutdown_on_signals, SignalThread};
 
 use crate::admin::AdminServer;
+use crate::config::kafka::ProcessingGuarantee;
 use crate::config::{Config, Transport};
 use crate::engine::Engine;
 use crate::runtime::{
@@ -32,11 +38,14 @@ use crate::transport::{ActionChannel, Sink, Source, TierCounts};
 use anyhow::Context as _;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// `settle run`: loads the config (`file`, then `SETTLE_*` variables), applies the
 /// `--transport` override, logs what it starts with, and runs [`run_until`] on a new tokio
-/// runtime until SIGINT/SIGTERM (a second signal exits at once).
+/// runtime until SIGINT/SIGTERM (a second signal exits at once; a stop still running
+/// `runtime.shutdown-deadline` + [`SHUTDOWN_GRACE`] after it began ends the process with
+/// status 1: [`signals`]).
 ///
 /// Errors (exit status 1, module docs): an invalid config, anything [`run_until`] returns,
 /// and a failed partition (the first one, with its reason).
@@ -47,18 +56,15 @@ pub fn run(file: Option<&Path>, transport: Option<Transport>) -> anyhow::Result<
         config.validate()?;
     }
     log_start(&config, file);
+    // Before the runtime: its signal thread must not depend on it (module docs).
+    let shutdown = CancellationToken::new();
+    let _signals = shutdown_on_signals(
+        shutdown.clone(),
+        Some(config.runtime.shutdown_deadline + SHUTDOWN_GRACE),
+    )
+    .context("cannot install signal handlers")?;
     let (partitions, flushed) = crate::runtime::block_on(async {
-        let shutdown = CancellationToken::new();
-        let signals =
-            shutdown_on_signals(shutdown.clone()).context("cannot install signal handlers")?;
-        let watchdog = shutdown_watchdog(
-            shutdown.clone(),
-            config.runtime.shutdown_deadline + SHUTDOWN_GRACE,
-        );
-        let summary = run_until(&config, shutdown).await;
-        watchdog.abort();
-        signals.abort();
-        let summary = summary?;
+        let summary = run_until(&config, shutdown).await?;
         if let Some((p, reason)) = summary.failed().first() {
             anyhow::bail!("partition {p} failed: {reason}");
         }
@@ -76,30 +82,54 @@ pub fn run(file: Option<&Path>, transport: Option<Transport>) -> anyhow::Result<
     Ok(())
 }
 
-/// How long past `runtime.shutdown-deadline` a stop may take before [`shutdown_watchdog`]
-/// ends the process.
-pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long past `runtime.shutdown-deadline` a stop may take before the hard stop of
+/// [`signals`] ends the process (a client library blocked in its close, e.g. librdkafka
+/// waiting for a group coordinator that stopped answering, or a blocked runtime).
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
-/// Once `shutdown` is cancelled (a signal, a failed partition), gives the stop `limit`; if
-/// the process is still there then (a client library blocked in its close, e.g. librdkafka
-/// waiting for a group coordinator that stopped answering, seen with a broken broker), logs it
-/// and exits with status 1. Counted on an OS thread, so a blocked tokio runtime cannot hold it
-/// up. The stores keep what they hold; a restart resumes from them.
-fn shutdown_watchdog(
-    shutdown: CancellationToken,
-    limit: std::time::Duration,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        shutdown.cancelled().await;
-        std::thread::spawn(move || {
-            std::thread::sleep(limit);
-            tracing::error!(
-                limit_s = limit.as_secs(),
-                "settle run did not stop within runtime.shutdown-deadline + 30 s: exiting now (exit code 1); the stores keep what they hold"
-            );
-            signals::exit_now(1);
+/// How long one try of the exactly-once start-up check waits for a broker's answer.
+const TRANSACTIONS_CHECK_WAIT: Duration = Duration::from_secs(10);
+
+/// Exactly-once mode: [`kafka::check_transactions`] until a broker answered, retrying every
+/// second while none does (warned once), or until `shutdown`. `Ok(false)`: stopped first.
+///
+/// Errors: the cluster lacks transactions (the message says what to do).
+async fn check_transactions(
+    k: &kafka::KafkaConfig,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<bool> {
+    let mut warned = false;
+    loop {
+        let config = k.clone();
+        let tried = tokio::task::spawn_blocking(move || {
+            kafka::check_transactions(&config, TRANSACTIONS_CHECK_WAIT)
         });
-    })
+        let tried = tokio::select! {
+            () = shutdown.cancelled() => return Ok(false),
+            t = tried => t.context("the transactions check task failed")?,
+        };
+        match tried {
+            Ok(checked) => {
+                tracing::info!(
+                    took_ms = checked.took.as_millis() as u64,
+                    brokers = ?checked.brokers,
+                    "kafka: the cluster supports transactions (exactly-once)"
+                );
+                return Ok(true);
+            }
+            Err(e) if e.is_retryable() => {
+                if !warned {
+                    warned = true;
+                    tracing::warn!(error = %e, "kafka: waiting for the cluster to check that it supports transactions (exactly-once)");
+                }
+                tokio::select! {
+                    () = shutdown.cancelled() => return Ok(false),
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// Runs settle on the transport `config.transport` until `shutdown` is cancelled: the
@@ -110,21 +140,26 @@ fn shutdown_watchdog(
 /// runtime.
 ///
 /// * Kafka: the consumer group of `[kafka]` and an idempotent producer (exactly-once: the
-///   transactions commit that group's offsets); a warning per configured topic the cluster
-///   lacks; the liveness lease.
+///   transactions commit that group's offsets, once the cluster was seen to support them);
+///   a warning per configured topic the cluster lacks; the liveness lease.
 /// * NATS: the partitions `[nats]` assigns to this instance, JetStream publishes with room
 ///   for a publish window per owned partition.
 ///
 /// Errors: an invalid `[kafka]` or `[nats]` section or tier subject (the message names the
-/// key), clients the library rejects, an unreadable credentials file, an `admin.listen`
-/// address that cannot be bound, a fatal source error, an expired lease. Partitions that
-/// failed are in the summary.
+/// key), clients the library rejects, an unreadable credentials file, a Kafka cluster
+/// without transactions in exactly-once mode, an `admin.listen` address that cannot be
+/// bound, a fatal source error, an expired lease. Partitions that failed are in the summary.
 pub async fn run_until(config: &Config, shutdown: CancellationToken) -> anyhow::Result<RunSummary> {
     let mut options = RuntimeOptions::from_config(config);
     match config.transport {
         Transport::Kafka => {
             let k = &config.kafka;
             k.validate()?;
+            if k.processing_guarantee == ProcessingGuarantee::ExactlyOnce
+                && !check_transactions(k, &shutdown).await?
+            {
+                return Ok(RunSummary::default());
+            }
             let sink = KafkaSink::new(k)?;
             let source = KafkaSource::new(k)?;
             sink.attach_group(&source);
@@ -133,7 +168,9 @@ pub async fn run_until(config: &Config, shutdown: CancellationToken) -> anyhow::
             let counts = kafka::TierCountsTopic::new(k)?
                 .map(|c| (c as Arc<dyn TierCounts>, k.instance_id()));
             let actions = kafka::KafkaActions::new(k)?;
-            actions.ensure_audit_topic().await;
+            // In the background: a broker slow to create topics must not delay the start.
+            let creating = actions.clone();
+            tokio::spawn(async move { creating.ensure_audit_topic().await });
             let log = ActionLog::new(Some(kafka::KafkaActions::audit_topic(k)), &k.instance_id());
             let actions = (Arc::new(actions) as Arc<dyn ActionChannel>, log);
             serve(config, options, source, sink, counts, actions, shutdown).await
@@ -193,9 +230,13 @@ async fn serve<S: Source, K: Sink>(
     let tail = tokio::spawn(tail_audit(Arc::clone(&channel), log));
     let admin = AdminServer::start_for(&config.admin, &runtime, Some(channel)).await?;
     let watch = tokio::spawn(progress::watch(runtime.status(), shutdown.clone()));
+    let drill = signals::drill_block_workers(runtime.status());
     let summary = runtime.run(source, shutdown).await;
     watch.abort();
     tail.abort();
+    if let Some(drill) = drill {
+        drill.abort();
+    }
     if let Some(admin) = admin {
         admin.stop().await;
     }

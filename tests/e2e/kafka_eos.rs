@@ -16,6 +16,11 @@
 //! commit (the crashed instance's records are on the topic), that without the transaction
 //! they would be visible duplicates, and that the committed records hold every round
 //! exactly once.
+//!
+//! The start-up check of exactly-once mode (`transport::kafka::check_transactions`): accepted
+//! on the mock (it has transactions; the crash test above runs through it), refused on a
+//! tansu broker of the test's own (no EndTxn) with a message that says what to do, before
+//! anything is consumed or produced.
 
 use crate::kafka_support;
 use crate::process_support;
@@ -25,7 +30,10 @@ use kafka_support::ready_records;
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::ClientConfig;
-use settle::transport::kafka::{KafkaConfig, CRASH_BEFORE_COMMIT_ENV, INSTANCE_HEADER};
+use settle::transport::kafka::{
+    check_transactions, committed_offsets, produce_all, KafkaConfig, OutRecord,
+    ProcessingGuarantee, CRASH_BEFORE_COMMIT_ENV, INSTANCE_HEADER,
+};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -245,6 +253,102 @@ fn exactly_once_a_crash_between_produce_and_commit_shows_no_duplicate() -> Resul
     ensure!(
         from_a.iter().all(|id| all[id] == 2),
         "each id of A's aborted transaction was redone once by B (a visible duplicate without the transaction)"
+    );
+    Ok(())
+}
+
+#[test]
+fn exactly_once_is_refused_at_start_on_a_broker_without_transactions() -> Result<()> {
+    let test = "exactly_once_is_refused_at_start_on_a_broker_without_transactions";
+    let Some(bin) = process_support::tansu_bin(test) else {
+        return Ok(());
+    };
+    let dir = tempfile::tempdir()?;
+    let tansu = process_support::Tansu::start(&bin, &dir.path().join("tansu.log"))?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (mut kafka, output) = kafka_support::fresh_topics(&rt, &tansu.bootstrap, "eos-refused", 1)?;
+    // Uploads that would be emitted at once (`final`) if settle started.
+    let uploads: Vec<OutRecord> = (0..5)
+        .map(|i| OutRecord {
+            key: Some(format!("acme/s{i}").into_bytes()),
+            payload: format!(r#"{{"tenant":"acme","session":"s{i}","final":true}}"#).into_bytes(),
+            timestamp_ms: None,
+        })
+        .collect();
+    rt.block_on(produce_all(&kafka, &kafka.input_topic, &uploads))?;
+
+    // The check alone, as `settle run` makes it: refused, quickly, not retried.
+    kafka.processing_guarantee = ProcessingGuarantee::ExactlyOnce;
+    let t0 = Instant::now();
+    let refused = check_transactions(&kafka, Duration::from_secs(10));
+    let took = t0.elapsed();
+    let e = refused
+        .err()
+        .context("tansu 0.6 has no transactions: the check must refuse")?;
+    ensure!(!e.is_retryable(), "a missing API is not retried: {e}");
+    println!("transactions check refused tansu in {took:?}: {e}");
+
+    // `settle run`: exit code 1 with the reason and what to do, nothing consumed or produced.
+    let config = dir.path().join("settle.toml");
+    let text = process_support::kafka_config_text(
+        &kafka,
+        &output,
+        &dir.path().join("data"),
+        Duration::from_secs(5),
+        6_000,
+    )
+    .replacen(
+        "\n[kafka]\n",
+        "\n[kafka]\nprocessing-guarantee = \"exactly-once\"\n",
+        1,
+    );
+    std::fs::write(&config, text)?;
+    let stderr_file = dir.path().join("run.log");
+    let mut run = process_support::settle()
+        .args(["run", "--config"])
+        .arg(&config)
+        .env("SETTLE_LOG", "info")
+        .stderr(std::fs::File::create(&stderr_file)?)
+        .spawn()?;
+    let status = process_support::wait_exit(&mut run, Duration::from_secs(60))?;
+    let stderr = std::fs::read_to_string(&stderr_file)?;
+    let Some(status) = status else {
+        run.kill()?;
+        anyhow::bail!(
+            "settle run still running 60 s after start in exactly-once on tansu:\n{stderr}"
+        );
+    };
+    ensure!(status.code() == Some(1), "exit {status}:\n{stderr}");
+    for want in [
+        "error: kafka: kafka.processing-guarantee = \"exactly-once\" needs Kafka transactions",
+        "does not support them (no EndTxn in its ApiVersions answer",
+        "refusing to start, nothing was consumed or produced",
+        "Set kafka.processing-guarantee = \"at-least-once\"",
+        "or use a broker with transactions",
+    ] {
+        ensure!(stderr.contains(want), "{want:?} not in:\n{stderr}");
+    }
+    ensure!(
+        !stderr.contains("partition assigned") && !stderr.contains("settle run stopped"),
+        "settle started anyway:\n{stderr}"
+    );
+    let ready = rt.block_on(settle::cli::loadgen::read_topic(
+        &kafka,
+        &output,
+        0,
+        Duration::from_secs(3),
+    ))?;
+    ensure!(
+        ready.is_empty(),
+        "records on the output topic: {}",
+        ready.len()
+    );
+    let committed = rt.block_on(committed_offsets(&kafka, &kafka.input_topic, 1))?;
+    ensure!(
+        committed == vec![None],
+        "the group committed offsets: {committed:?}"
     );
     Ok(())
 }

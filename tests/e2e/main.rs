@@ -45,5 +45,6 @@ mod nats_process;
 mod nats_rescale;
 mod nats_tier_counts;
 mod nats_tiers;
+mod signals;
 mod tune_kafka;
 mod tune_nats;

@@ -6,7 +6,8 @@
 //! Files, by concern: [`consumer`] (the group member, its rebalance callbacks and one input
 //! per partition; the check at assignment that the partition's log reaches the stored
 //! offset), [`producer`] (the sink), `changelog` (changelog producer and restore reader),
-//! `txn` (exactly-once transactions), [`tier_counts`] (the topic where instances exchange
+//! `txn` (exactly-once transactions and the start-up check that the cluster has them,
+//! [`check_transactions`]), [`tier_counts`] (the topic where instances exchange
 //! their tier counts), [`topics`] (topic checks and the tooling that creates,
 //! produces to and reads back topics); this file holds what they share: headers, timeouts,
 //! error classification and the logging of each client's health.
@@ -99,7 +100,7 @@ pub use topics::{
     committed_offsets, create_topics, partition_count, produce_all, read_topic,
     warn_missing_topics, Delivered, OutRecord, TopicRecord,
 };
-pub use txn::CRASH_BEFORE_COMMIT_ENV;
+pub use txn::{check_transactions, TransactionsChecked, CRASH_BEFORE_COMMIT_ENV, TRANSACTION_APIS};
 
 use consumer::GroupConsumer;
 use producer::{ready_record, ProducerContext};
