@@ -372,7 +372,8 @@ impl Drop for KafkaSource {
 // ---------------------------------------------------------------------------------------------
 // Partition input
 
-/// A fetch that is behind but yields nothing for this long is rewound (see [`KafkaInput`]).
+/// A fetch that is behind but yields nothing for this long is rewound (see [`KafkaInput`]),
+/// unless the fetcher is known to be at a batch boundary ([`Cursor::aligned`]).
 const FETCH_STALL: Duration = Duration::from_secs(1);
 
 /// First rewind distance (offsets); doubled on each further rewind of the same position.
@@ -404,6 +405,13 @@ struct Cursor {
     progress_at: Option<Instant>,
     /// The fetcher must be sent back before the position (gap or stall seen).
     rewind_wanted: bool,
+    /// The record at the position arrived in order since the fetcher was last sent
+    /// somewhere (seek, rewind, committed offset): librdkafka fetches on from the end of the
+    /// batch it came in, a batch boundary, so every broker returns the batch holding the
+    /// position and a fetch that yields nothing is a slow broker, not a misplaced fetcher:
+    /// no stall rewind then (it would drop the fetch in flight and send the broker back to
+    /// records already applied, making a slow broker slower).
+    aligned: bool,
     rewind: Option<Rewind>,
     /// A fatal error met while records were handed out; returned by the next poll.
     failed: Option<Error>,
@@ -463,41 +471,9 @@ impl Cursor {
         match item {
             Ok(m) => {
                 let offset = m.offset();
-                if let Some(next) = self.next {
-                    if offset < next {
-                        // Applied already (read again while rewinding, or sent unasked):
-                        // counted, and logged once per poll (`KafkaInput::poll`).
-                        self.skipped.note(offset, self.rewind.is_some());
-                        if let Some(r) = &mut self.rewind {
-                            r.saw_below = true;
-                        }
-                        return;
-                    }
-                    if offset > next {
-                        let confirmed = self.rewind.is_some_and(|r| r.saw_below || r.target == 0);
-                        if !confirmed {
-                            // The broker may have skipped the batch holding `next`.
-                            self.rewind_wanted = true;
-                            return;
-                        }
-                        if !self.gap_warned {
-                            self.gap_warned = true;
-                            tracing::warn!(
-                                partition = m.partition(),
-                                expected = next,
-                                got = offset,
-                                "kafka: offsets missing from the partition (deleted by retention, compaction or transaction markers)"
-                            );
-                        }
-                    }
-                }
-                if self.rewind_wanted {
+                if !self.accept(m.partition(), offset) {
                     return;
                 }
-                self.rewind = None;
-                self.next = Some(offset + 1);
-                self.progress_at = Some(Instant::now());
-                self.eof = false;
                 health.healthy();
                 out.push(InputRecord {
                     partition: m.partition(),
@@ -513,14 +489,74 @@ impl Cursor {
         }
     }
 
+    /// Whether the record at `offset` of `partition` is handed out (the position then moves
+    /// past it), else why not: below the position (counted as skipped), or after it with the
+    /// records in between unaccounted for (a rewind is wanted).
+    fn accept(&mut self, partition: i32, offset: i64) -> bool {
+        if let Some(next) = self.next {
+            if offset < next {
+                // Applied already (read again while rewinding, or sent unasked): counted,
+                // and logged once per poll (`KafkaInput::poll`).
+                self.skipped.note(offset, self.rewind.is_some());
+                if let Some(r) = &mut self.rewind {
+                    r.saw_below = true;
+                }
+                return false;
+            }
+            if offset > next {
+                let confirmed = self.rewind.is_some_and(|r| r.saw_below || r.target == 0);
+                if !confirmed {
+                    // The broker may have skipped the batch holding `next`.
+                    self.rewind_wanted = true;
+                    return false;
+                }
+                if !self.gap_warned {
+                    self.gap_warned = true;
+                    tracing::warn!(
+                        partition,
+                        expected = next,
+                        got = offset,
+                        "kafka: offsets missing from the partition (deleted by retention, compaction or transaction markers)"
+                    );
+                }
+            }
+        }
+        if self.rewind_wanted {
+            return false;
+        }
+        // In order: the record at the position (or the first one, where librdkafka starts
+        // at the log start), or one after a confirmed gap.
+        self.aligned = true;
+        self.rewind = None;
+        self.next = Some(offset + 1);
+        self.progress_at = Some(Instant::now());
+        self.eof = false;
+        true
+    }
+
+    /// The fetcher was sent back to `target`, `step` offsets before the position.
+    fn sent_back(&mut self, target: i64, step: i64) {
+        self.rewind_wanted = false;
+        self.aligned = false;
+        self.rewind = Some(Rewind {
+            target,
+            step,
+            saw_below: false,
+        });
+        self.progress_at = Some(Instant::now());
+        self.eof = false;
+    }
+
     /// The high watermark proves records wait after the position.
     fn behind(&self) -> bool {
         matches!((self.next, self.high), (Some(next), Some(high)) if next < high)
     }
 
-    /// Behind, and nothing handed out for [`FETCH_STALL`].
+    /// Behind, not [`Cursor::aligned`], and nothing handed out for [`FETCH_STALL`].
     fn stalled(&self) -> bool {
-        self.behind() && self.progress_at.is_some_and(|t| t.elapsed() >= FETCH_STALL)
+        self.behind()
+            && !self.aligned
+            && self.progress_at.is_some_and(|t| t.elapsed() >= FETCH_STALL)
     }
 }
 
@@ -535,6 +571,11 @@ impl Cursor {
 /// applied). When the fetch yields a record *after* it, or nothing for 1 s while the high
 /// watermark is beyond it, the fetcher is sent back 64, 128, 256, ... offsets and the
 /// records below the position are dropped again, until the record at the position arrives.
+/// The 1 s stall counts only until a record came in order after the fetcher was sent
+/// somewhere (seek, rewind, committed offset): from then on librdkafka fetches from batch
+/// boundaries, and a fetch that yields nothing is a slow broker; sending it back would drop
+/// the fetch in flight and have the broker read again what was applied (issue 33: a tansu
+/// slowed by its growing log was rewound every few seconds, ~150 records a minute read again).
 /// A gap is accepted only once confirmed (records right below the position exist, or the
 /// rewind reached offset 0): records deleted by retention or compaction. This costs nothing with Apache Kafka, which returns
 /// the batch holding any offset; tansu 0.6 returns only batches starting at or after the
@@ -667,15 +708,7 @@ impl KafkaInput {
             "kafka: fetch returned no batch holding the position; rewinding"
         );
         self.seek_fetcher(target.min(next)).await?;
-        let c = &mut self.cursor;
-        c.rewind_wanted = false;
-        c.rewind = Some(Rewind {
-            target,
-            step,
-            saw_below: false,
-        });
-        c.progress_at = Some(Instant::now());
-        c.eof = false;
+        self.cursor.sent_back(target, step);
         Ok(())
     }
 
@@ -865,5 +898,60 @@ impl PartitionInput for KafkaInput {
             .map_err(|e| classify(&e))?;
         lock(&self.consumer.context().committed).insert(self.partition, next_offset);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cursor whose position last moved `ago` and whose fetch responses say the log ends
+    /// at `high`.
+    fn quiet_for(mut c: Cursor, ago: Duration, high: i64) -> Cursor {
+        c.progress_at = Instant::now().checked_sub(ago);
+        c.high = Some(high);
+        c
+    }
+
+    #[test]
+    fn a_fetcher_sent_mid_batch_is_rewound_when_the_fetch_stalls() {
+        // Sought to 100, inside a batch the broker will not return from its middle.
+        let c = quiet_for(Cursor::at(100), FETCH_STALL * 2, 120);
+        assert!(c.stalled());
+        // The same quiet time, nothing behind: no stall.
+        assert!(!quiet_for(Cursor::at(100), FETCH_STALL * 2, 100).stalled());
+    }
+
+    #[test]
+    fn records_in_order_mean_a_slow_broker_is_waited_for_not_rewound() {
+        let mut c = Cursor::at(100);
+        for offset in 100..110 {
+            assert!(c.accept(0, offset));
+        }
+        assert_eq!(c.next, Some(110));
+        let c = quiet_for(c, FETCH_STALL * 5, 200);
+        assert!(c.behind());
+        assert!(!c.stalled(), "{c:?}");
+    }
+
+    #[test]
+    fn a_rewind_is_stalled_again_until_the_position_arrives() {
+        // Sought to 100; the broker skipped to the next batch (108): rewind wanted.
+        let mut c = Cursor::at(100);
+        assert!(!c.accept(0, 108));
+        assert!(c.rewind_wanted);
+        c.sent_back(36, 64);
+        assert!(quiet_for(std::mem::take(&mut c), FETCH_STALL * 2, 120).stalled());
+
+        let mut c = Cursor::at(100);
+        c.sent_back(36, 64);
+        // The records before the position come again and are dropped, then the position.
+        for offset in 96..100 {
+            assert!(!c.accept(0, offset));
+        }
+        assert_eq!(c.skipped.count, 4);
+        assert!(c.accept(0, 100));
+        assert!(c.rewind.is_none());
+        assert!(!quiet_for(c, FETCH_STALL * 2, 120).stalled());
     }
 }

@@ -67,6 +67,10 @@
 //!   skips to the next batch: [`KafkaInput`] notices and rewinds (see its docs).
 //! * ListOffsets "latest" answers the newest batch's base offset + 1, so the high watermark
 //!   is taken from fetch responses instead (see "Caught up").
+//! * A fetch lists every batch the partition ever stored (in-memory storage keeps them all), so
+//!   it costs more by the minute on a long live run: delivery delay grows while the input rate
+//!   stays constant (issue 33, BENCHMARKS.md "Soak"). A fetch that yields nothing for a while
+//!   is therefore not rewound once records came in order ([`KafkaInput`] docs).
 //! * Fetches seem to be held for the whole `fetch.wait.max.ms` even when records arrive:
 //!   records of a live partition reach settle up to that long after they were produced
 //!   (lower it in `[kafka.properties]` for lower latency of `leading`/`complete`/`final`).
