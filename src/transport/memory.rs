@@ -24,8 +24,8 @@
 //! Time: waits use tokio time, so tests with paused time drive the broker too.
 
 use super::{
-    ChangelogReader, Error, InputBatch, InputRecord, PartitionInput, ReadyMessage, Sink, Source,
-    SourceEvent,
+    AuditSink, ChangelogReader, Error, InputBatch, InputRecord, PartitionInput, ReadyMessage, Sink,
+    Source, SourceEvent,
 };
 use crate::codec;
 use crate::store::Change;
@@ -976,11 +976,7 @@ impl super::ActionChannel for MemoryActions {
         Box::pin(async move { sink.publish(message).await })
     }
 
-    fn tail_audit(
-        &self,
-        _since_ms: i64,
-        _each: Box<dyn Fn(&[u8]) + Send + Sync>,
-    ) -> BoxFuture<'_, Result<(), Error>> {
+    fn tail_audit(&self, _since_ms: i64, _each: AuditSink) -> BoxFuture<'_, Result<(), Error>> {
         Box::pin(async { Ok(()) })
     }
 }
