@@ -321,6 +321,7 @@ pub async fn run<I: PartitionInput, K: Sink, C: Clock>(
         queries,
         audit_owed: Vec::new(),
         warn: Warnings::default(),
+        profile: TurnProfile::default(),
         changelog: Changelog {
             enabled: changelog && txn.is_none(),
             gate: changelog && txn.is_none() && ctx.sink.fences_by_changelog(),
@@ -413,6 +414,8 @@ struct Task<I, K, C> {
     /// Audit records of actions applied since the last flush: published once it is durable.
     audit_owed: Vec<AuditRecord>,
     warn: Warnings,
+    /// Where the loop's time goes (debug log).
+    profile: TurnProfile,
     changelog: Changelog,
     fence: Fence,
     /// Exactly-once mode: every store write is committed in a transaction with its
@@ -446,6 +449,52 @@ struct Append {
     outbox_below: u64,
     /// The store's durable input offset when the append was made.
     offset: Option<i64>,
+}
+
+/// Where a partition task's loop spends its time, summed over [`TurnProfile::EVERY`] and
+/// logged at debug level (`SETTLE_LOG=settle::runtime::partition=debug`): the wall time of
+/// each phase that can wait (the input poll, decoding with its dead letters, the offset
+/// commit, the changelog backpressure) and of the synchronous ones (step, flush). A loop
+/// that turns slowly while the process is idle shows here which await holds it.
+#[derive(Default)]
+struct TurnProfile {
+    since: Option<Instant>,
+    turns: u64,
+    poll: Duration,
+    decode: Duration,
+    step: Duration,
+    flush: Duration,
+    commit: Duration,
+    backpressure: Duration,
+    records: u64,
+}
+
+impl TurnProfile {
+    /// How often the profile is logged (and reset).
+    const EVERY: Duration = Duration::from_secs(10);
+
+    fn report(&mut self, partition: i32) {
+        let since = *self.since.get_or_insert_with(Instant::now);
+        self.turns += 1;
+        if since.elapsed() < Self::EVERY {
+            return;
+        }
+        let ms = |d: Duration| d.as_millis() as u64;
+        tracing::debug!(
+            partition,
+            window_ms = ms(since.elapsed()),
+            turns = self.turns,
+            records = self.records,
+            poll_ms = ms(self.poll),
+            decode_ms = ms(self.decode),
+            step_ms = ms(self.step),
+            flush_ms = ms(self.flush),
+            commit_ms = ms(self.commit),
+            backpressure_ms = ms(self.backpressure),
+            "partition loop profile"
+        );
+        *self = TurnProfile::default();
+    }
 }
 
 /// One log throttle per warning the task's loops can repeat.
@@ -652,6 +701,7 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
             }
             if self.changelog.acks.len() >= CHANGELOG_APPENDS_IN_FLIGHT {
                 // Backpressure: the changelog is behind; wait for its oldest append.
+                let t = Instant::now();
                 tokio::select! {
                     () = cancel.cancelled() => return Ok(()),
                     () = tokio::time::sleep(self.ctx.settings.idle_tick) => {}
@@ -661,6 +711,7 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
                         self.appended(next, &done);
                     }
                 }
+                self.profile.backpressure += t.elapsed();
                 continue;
             }
             if self.held.is_empty() {
@@ -668,6 +719,7 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
                 let settings = Arc::clone(&self.ctx.settings);
                 // Session queries are answered while the poll waits; the poll future is kept
                 // (not dropped and restarted), so no fetched record is lost.
+                let t = Instant::now();
                 let polled = {
                     let poll = self.input.poll(settings.batch_size, wait);
                     tokio::pin!(poll);
@@ -684,9 +736,13 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
                 };
                 match polled {
                     Ok(batch) => {
+                        self.profile.poll += t.elapsed();
+                        self.profile.records += batch.records.len() as u64;
                         self.warn.poll.clear();
                         self.metrics.skipped(batch.skipped);
+                        let t = Instant::now();
                         let complete = self.decode(batch.records, cancel).await;
+                        self.profile.decode += t.elapsed();
                         // A truncated batch leaves records unread: not caught up.
                         self.caught_up = batch.caught_up && complete;
                     }
@@ -707,8 +763,11 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
             } else if let Some(p) = paused {
                 pause(cancel, p).await;
             }
+            let t = Instant::now();
             let report = self.step().map_err(fatal)?;
+            self.profile.step += t.elapsed();
             self.paced = report.paused.is_some();
+            let t = Instant::now();
             let flushed = if self.audit_owed.is_empty() || self.txn.is_some() {
                 self.flush_if_due(false).map_err(fatal)?
             } else {
@@ -717,6 +776,7 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
                 self.publish_audit();
                 flushed
             };
+            self.profile.flush += t.elapsed();
             if self.txn.is_some() {
                 if flushed {
                     let next = self.uncommitted.take();
@@ -736,12 +796,15 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
                 && ((self.caught_up && self.held.is_empty())
                     || self.committed_at.elapsed() >= COMMIT_INTERVAL)
             {
+                let t = Instant::now();
                 self.commit_offset().await;
+                self.profile.commit += t.elapsed();
             }
             if self.changelog.synced_at.elapsed() >= COMMIT_INTERVAL {
                 self.sync_changelog().map_err(fatal)?;
             }
             self.refresh_status().map_err(fatal)?;
+            self.profile.report(self.status.partition);
             // Let the publisher and other partitions run between steps of a long catch-up.
             tokio::task::yield_now().await;
         }
