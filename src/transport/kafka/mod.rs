@@ -90,6 +90,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 pub mod actions;
 mod changelog;
 pub mod consumer;
+pub mod overrides;
 pub mod producer;
 pub mod tier_counts;
 pub mod topics;
@@ -98,6 +99,7 @@ mod txn;
 pub use crate::config::kafka::{KafkaConfig, KafkaConfigError, ProcessingGuarantee, Role};
 pub use actions::KafkaActions;
 pub use consumer::{KafkaInput, KafkaSource};
+pub use overrides::OverridesTopic;
 pub use producer::KafkaSink;
 pub use tier_counts::TierCountsTopic;
 pub use topics::{

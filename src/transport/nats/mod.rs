@@ -99,12 +99,14 @@ use std::time::Duration;
 pub mod actions;
 pub mod changelog;
 pub mod consumer;
+pub mod overrides;
 pub mod producer;
 pub mod streams;
 pub mod tier_counts;
 
 pub use actions::NatsActions;
 pub use consumer::{NatsInput, NatsSource};
+pub use overrides::OverridesBucket;
 pub use producer::{publish_upload, NatsSink};
 pub use streams::{ensure_input_stream, ensure_streams, read_stream, StreamRecord};
 pub use tier_counts::TierCountsBucket;
