@@ -34,6 +34,7 @@ mod hostile_input;
 mod kafka_actions;
 mod kafka_eos;
 mod kafka_outage;
+mod kafka_overrides;
 mod kafka_pipeline;
 mod kafka_process;
 mod kafka_rebalance;

@@ -27,20 +27,26 @@ use std::time::{Duration, Instant};
 
 const PARTITIONS: u32 = 4;
 /// `tiers.share-interval` of the test (the default).
-const SHARE_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const SHARE_INTERVAL: Duration = Duration::from_secs(1);
 
 async fn ready(i: &Instance) -> Result<()> {
+    ready_at(i.addr).await.with_context(|| i.tail())
+}
+
+/// Waits until the admin server at `addr` answers `/readyz` with 200.
+pub(crate) async fn ready_at(addr: SocketAddr) -> Result<()> {
     let t0 = Instant::now();
     loop {
-        if let Ok((200, _)) = try_get(i.addr, "/readyz").await {
+        if let Ok((200, _)) = try_get(addr, "/readyz").await {
             return Ok(());
         }
-        ensure!(t0.elapsed() < STEP, "not ready: {}", i.tail());
+        ensure!(t0.elapsed() < STEP, "{addr} not ready");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
-async fn send(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, Value)> {
+/// `method path` with a JSON body; the answer parsed.
+pub(crate) async fn send(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, Value)> {
     let text = body.map(Value::to_string);
     let (code, answer) = try_request(addr, method, path, &[], text.as_deref()).await?;
     Ok((code, serde_json::from_str(&answer).with_context(|| answer.clone())?))
@@ -48,7 +54,7 @@ async fn send(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) 
 
 /// Waits until `tenant`'s view on `addr` says `wins` with override version `version`;
 /// returns how long it took.
-async fn until_wins(addr: SocketAddr, tenant: &str, wins: &str, version: u64) -> Result<Duration> {
+pub(crate) async fn until_wins(addr: SocketAddr, tenant: &str, wins: &str, version: u64) -> Result<Duration> {
     let t0 = Instant::now();
     loop {
         let (code, view) = get_json(addr, &format!("/v1/tenants/{tenant}")).await;
