@@ -52,15 +52,20 @@ pub(crate) async fn send(addr: SocketAddr, method: &str, path: &str, body: Optio
     Ok((code, serde_json::from_str(&answer).with_context(|| answer.clone())?))
 }
 
-/// Waits until `tenant`'s view on `addr` says `wins` with override version `version`;
-/// returns how long it took.
+/// Waits until `tenant`'s view on `addr` says `wins` with override version `version`, and
+/// the rule in force differs from the configured one exactly when the override wins (the
+/// override of these tests sets a rule); returns how long it took.
 pub(crate) async fn until_wins(addr: SocketAddr, tenant: &str, wins: &str, version: u64) -> Result<Duration> {
     let t0 = Instant::now();
     loop {
         let (code, view) = get_json(addr, &format!("/v1/tenants/{tenant}")).await;
+        // The rule in force (what the partitions apply) too, not only the copy of the set.
+        let applied = (view["rules"]["rule"] != view["rules"]["configured"]["rule"])
+            == (wins == "override");
         if code == 200
             && view["rules"]["wins"] == wins
             && view["rules"]["override"]["version"] == version
+            && applied
         {
             return Ok(t0.elapsed());
         }
