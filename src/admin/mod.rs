@@ -1,8 +1,9 @@
 //! The admin HTTP server of `settle run` (axum): metrics, health, readiness and read-only
 //! views of the partitions, tenants, sessions and pending rounds this process owns, and
 //! operator actions (SEMANTICS §7). Loopback by default (`[admin] listen =
-//! "127.0.0.1:9464"`); only `POST /v1/actions` changes state, through the input (the
-//! partitions' owners apply it).
+//! "127.0.0.1:9464"`); only `POST /v1/actions` (through the input: the partitions' owners
+//! apply it) and the tenant override routes (through the override store: every instance
+//! applies it) change state.
 //!
 //! | endpoint | answer |
 //! |---|---|
