@@ -11,8 +11,8 @@
 //!
 //! Bounded only: `topic`, `partition`, `tier`, `trigger`, `policy`, `reason` (a
 //! `codec::DecodeError::reason` code or a `tiers::ChangeReason`), `state` (partition life
-//! cycle) and `version`. Never a tenant or session id: a tenant's figures are on the admin
-//! endpoint `/v1/tenants/{tenant}`.
+//! cycle), `version` and `change` (a tenant override change). Never a tenant or session id:
+//! a tenant's figures are on the admin endpoint `/v1/tenants/{tenant}`.
 //!
 //! # Where each figure comes from
 //!

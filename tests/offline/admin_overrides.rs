@@ -75,12 +75,18 @@ impl Node {
             PATIENCE,
             self.status.wait_for(|m| {
                 all(m, n, |s| {
-                    s.caught_up && s.next_offset == Some(broker.end_offset(s.partition))
+                    // An empty partition has no next offset yet.
+                    s.caught_up && s.next_offset.unwrap_or(0) == broker.end_offset(s.partition)
                 }) && m.values().map(|s| s.pending_rounds).sum::<u64>() == rounds
             }),
         )
         .await
-        .expect("the runtime applies every record");
+        .unwrap_or_else(|_| {
+            panic!(
+                "the runtime applies every record: {:?}",
+                self.status.snapshot()
+            )
+        });
     }
 
     async fn stop(self) {
