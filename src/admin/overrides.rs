@@ -200,12 +200,7 @@ fn refusal_of(e: &OverrideError, now: Millis) -> Refusal {
 }
 
 /// Audits an accepted write and answers it.
-async fn accepted(
-    s: &AdminState,
-    action: &str,
-    expected: u64,
-    written: Written,
-) -> Response {
+async fn accepted(s: &AdminState, action: &str, expected: u64, written: Written) -> Response {
     let now = (s.wall)();
     let (record, result, code) = match written {
         Written::Applied(o) => (o, "applied", StatusCode::OK),
@@ -245,7 +240,8 @@ async fn accepted(
 /// The expiry of a PUT body: `expires_at` (RFC 3339 or epoch ms) or `expires_in` (a
 /// duration from `now`).
 fn expiry(body: &PutBody, now: Millis) -> Result<Option<Millis>, Refusal> {
-    let bad = |key: &str, m: String| Refusal::key(StatusCode::BAD_REQUEST, key, format!("{key}: {m}"));
+    let bad =
+        |key: &str, m: String| Refusal::key(StatusCode::BAD_REQUEST, key, format!("{key}: {m}"));
     match (&body.expires_at, &body.expires_in) {
         (Some(_), Some(_)) => Err(bad(
             "expires_at",
@@ -301,7 +297,10 @@ pub(super) async fn put(
             return refuse(&s, &who, new_request_id(now), ENDPOINT, Some(&tenant), r).await;
         }
     };
-    let request_id = body.request_id.clone().unwrap_or_else(|| new_request_id(now));
+    let request_id = body
+        .request_id
+        .clone()
+        .unwrap_or_else(|| new_request_id(now));
     let Some(version) = body.version else {
         let r = Refusal::key(
             StatusCode::BAD_REQUEST,
@@ -328,7 +327,11 @@ pub(super) async fn put(
         request_id: request_id.clone(),
         instance: s.actions.instance.clone(),
     };
-    match s.overrides.write(record, version, wait_of(body.wait_ms)).await {
+    match s
+        .overrides
+        .write(record, version, wait_of(body.wait_ms))
+        .await
+    {
         Ok(written) => accepted(&s, "override.set", version, written).await,
         Err(e) => {
             let r = refusal_of(&e, now);
@@ -389,7 +392,11 @@ pub(super) async fn delete(
         request_id: request_id.clone(),
         instance: s.actions.instance.clone(),
     };
-    match s.overrides.write(tombstone, version, wait_of(q.wait_ms)).await {
+    match s
+        .overrides
+        .write(tombstone, version, wait_of(q.wait_ms))
+        .await
+    {
         Ok(written) => accepted(&s, "override.delete", version, written).await,
         Err(e) => {
             let r = refusal_of(&e, now);

@@ -303,7 +303,10 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
                 topic,
                 tier: "audit".to_owned(),
                 key: record.request_id.clone(),
-                emission_id: format!("{}/{}/{}", record.request_id, record.action, record.instance),
+                emission_id: format!(
+                    "{}/{}/{}",
+                    record.request_id, record.action, record.instance
+                ),
                 payload: record.encode(),
                 partition: None,
             };

@@ -47,9 +47,7 @@ use crate::config::{DebounceConfig, TenantOverride};
 use crate::engine::{Engine, Millis, PolicySpec, PolicyTable};
 use crate::metrics::Metrics;
 use crate::tiers::SharedRouter;
-use crate::transport::{
-    Backoff, OverrideEntry, OverrideEvent, OverrideStore, OverrideWriteError,
-};
+use crate::transport::{Backoff, OverrideEntry, OverrideEvent, OverrideStore, OverrideWriteError};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -150,10 +148,12 @@ impl Override {
             return Ok(None);
         }
         let resolved = DebounceConfig::from_spec(baseline).with_override(&self.debounce);
-        resolved.validate_as("debounce").map_err(|e| InvalidOverride {
-            key: e.key().unwrap_or("debounce").to_owned(),
-            message: e.to_string(),
-        })?;
+        resolved
+            .validate_as("debounce")
+            .map_err(|e| InvalidOverride {
+                key: e.key().unwrap_or("debounce").to_owned(),
+                message: e.to_string(),
+            })?;
         Ok(Some(resolved.spec()))
     }
 
@@ -321,7 +321,7 @@ pub enum OverrideError {
         /// The version the request named.
         expected: u64,
         /// The tenant's latest record (a removal included), if any.
-        current: Option<Override>,
+        current: Option<Box<Override>>,
     },
     /// A removal of a tenant without an override in force (404).
     #[error("tenant {0} has no override in force")]
@@ -553,7 +553,11 @@ impl Overrides {
     }
 
     /// Waits up to `timeout` until `done(set)` holds; returns the set then.
-    async fn wait_for(&self, timeout: Duration, done: impl Fn(&OverrideSet) -> bool) -> OverrideSet {
+    async fn wait_for(
+        &self,
+        timeout: Duration,
+        done: impl Fn(&OverrideSet) -> bool,
+    ) -> OverrideSet {
         let mut rx = self.inner.set.subscribe();
         let _ = tokio::time::timeout(timeout, rx.wait_for(|s| done(s))).await;
         let set = rx.borrow().clone();
@@ -590,7 +594,9 @@ impl Overrides {
         if expected > set.version_of(&tenant) {
             // This instance may not have read the caller's version yet.
             set = self
-                .wait_for(Duration::from_secs(1), |s| s.version_of(&tenant) >= expected)
+                .wait_for(Duration::from_secs(1), |s| {
+                    s.version_of(&tenant) >= expected
+                })
                 .await;
         }
         let current = set.entries.get(&tenant).cloned();
@@ -599,10 +605,12 @@ impl Overrides {
         if record.deleted && !in_force {
             return Err(OverrideError::NotFound(tenant));
         }
-        if expected != version && !(expected == 0 && !in_force) {
+        // The current version, or 0 for a tenant with nothing in force.
+        let named_current = expected == version || (expected == 0 && !in_force);
+        if !named_current {
             return Err(OverrideError::Stale {
                 expected,
-                current: current.map(|c| c.record),
+                current: current.map(|c| Box::new(c.record)),
             });
         }
         record.version = version + 1;
@@ -616,7 +624,7 @@ impl Overrides {
                     .await;
                 return Err(OverrideError::Stale {
                     expected,
-                    current: set.entries.get(&tenant).map(|c| c.record.clone()),
+                    current: set.entries.get(&tenant).map(|c| Box::new(c.record.clone())),
                 });
             }
             Err(OverrideWriteError::Transport(e)) => {
@@ -653,7 +661,7 @@ impl Overrides {
                 }
                 Err(OverrideError::Stale {
                     expected,
-                    current: Some(s.record.clone()),
+                    current: Some(Box::new(s.record.clone())),
                 })
             }
             _ => Ok(Written::InFlight(record)),
@@ -772,10 +780,16 @@ mod tests {
     fn the_first_record_of_a_version_wins_and_versions_only_grow() {
         let mut set = OverrideSet::default();
         assert!(set.take(record("acme", 1, "a"), 10));
-        assert!(!set.take(record("acme", 1, "b"), 11), "a second write of version 1 loses");
+        assert!(
+            !set.take(record("acme", 1, "b"), 11),
+            "a second write of version 1 loses"
+        );
         assert_eq!(set.entries["acme"].record.request_id, "a");
         assert!(set.take(record("acme", 2, "c"), 12));
-        assert!(!set.take(record("acme", 1, "a"), 13), "an older record changes nothing");
+        assert!(
+            !set.take(record("acme", 1, "a"), 13),
+            "an older record changes nothing"
+        );
         assert_eq!(set.version_of("acme"), 2);
         assert_eq!(set.version_of("other"), 0);
     }
@@ -801,7 +815,10 @@ mod tests {
         assert_eq!(o.validate(&base, tiers(), 0).unwrap_err().key, "");
         o.tier = Some("limited".into());
         o.expires_at = Some(5);
-        assert_eq!(o.validate(&base, tiers(), 10).unwrap_err().key, "expires_at");
+        assert_eq!(
+            o.validate(&base, tiers(), 10).unwrap_err().key,
+            "expires_at"
+        );
         o.expires_at = Some(50);
         assert!(o.validate(&base, tiers(), 10).is_ok());
         assert!(o.is_active(49) && !o.is_active(50));
@@ -817,7 +834,10 @@ mod tests {
             ..TenantOverride::default()
         };
         let rule = o.rule(&base).unwrap().unwrap();
-        assert_eq!((rule.name, rule.delay, rule.max_wait), (base.name, 200, None));
+        assert_eq!(
+            (rule.name, rule.delay, rule.max_wait),
+            (base.name, 200, None)
+        );
         let back = Override::decode(&o.encode()).unwrap();
         assert_eq!(back, o);
         let text = String::from_utf8(o.encode()).unwrap();

@@ -178,7 +178,11 @@ pub async fn run_until(config: &Config, shutdown: CancellationToken) -> anyhow::
             let creating = Arc::clone(&overrides);
             tokio::spawn(async move { creating.ensure_topic().await });
             let overrides = Some(overrides as Arc<dyn OverrideStore>);
-            let shared = Shared { counts, actions, overrides };
+            let shared = Shared {
+                counts,
+                actions,
+                overrides,
+            };
             serve(config, options, source, sink, shared, shutdown).await
         }
         Transport::Nats => {
@@ -200,7 +204,11 @@ pub async fn run_until(config: &Config, shutdown: CancellationToken) -> anyhow::
             let overrides = nats::OverridesBucket::new(js.clone(), n)
                 .map(|b| Arc::new(b) as Arc<dyn OverrideStore>);
             let source = NatsSource::new(js, n, &config.tiers);
-            let shared = Shared { counts, actions, overrides };
+            let shared = Shared {
+                counts,
+                actions,
+                overrides,
+            };
             serve(config, options, source, sink, shared, shutdown).await
         }
     }

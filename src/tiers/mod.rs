@@ -561,13 +561,15 @@ impl Router {
         let mut unknown = Vec::new();
         self.override_pins = pins
             .into_iter()
-            .filter_map(|(tenant, tier)| match self.table.names.iter().position(|n| n == tier) {
-                Some(i) => Some((tenant.to_owned(), i)),
-                None => {
-                    unknown.push(tenant.to_owned());
-                    None
-                }
-            })
+            .filter_map(
+                |(tenant, tier)| match self.table.names.iter().position(|n| n == tier) {
+                    Some(i) => Some((tenant.to_owned(), i)),
+                    None => {
+                        unknown.push(tenant.to_owned());
+                        None
+                    }
+                },
+            )
             .collect();
         unknown
     }

@@ -519,12 +519,11 @@ pub trait ActionChannel: Send + Sync + 'static {
     /// process sees its own records.
     ///
     /// Errors: the audit log cannot be read (the caller retries after a backoff).
-    fn tail_audit(
-        &self,
-        since_ms: i64,
-        each: Box<dyn Fn(&[u8]) + Send + Sync>,
-    ) -> BoxFuture<'_, Result<(), Error>>;
+    fn tail_audit(&self, since_ms: i64, each: AuditCallback) -> BoxFuture<'_, Result<(), Error>>;
 }
+
+/// What [`ActionChannel::tail_audit`] calls with each audit record's JSON payload.
+pub type AuditCallback = Box<dyn Fn(&[u8]) + Send + Sync>;
 
 /// Where the tenant overrides of one deployment live (SEMANTICS §7): a log that keeps the
 /// latest value of each tenant, key = tenant, value = the override's JSON
@@ -572,7 +571,9 @@ pub trait OverrideStore: Send + Sync + 'static {
 #[derive(Debug, thiserror::Error)]
 pub enum OverrideWriteError {
     /// The tenant's latest value is not at the expected revision: another write came first.
-    #[error("the override was changed by another write (revision {expected} is no longer the latest)")]
+    #[error(
+        "the override was changed by another write (revision {expected} is no longer the latest)"
+    )]
     Conflict {
         /// The revision the write expected.
         expected: u64,

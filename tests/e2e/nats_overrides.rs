@@ -46,22 +46,35 @@ pub(crate) async fn ready_at(addr: SocketAddr) -> Result<()> {
 }
 
 /// `method path` with a JSON body; the answer parsed.
-pub(crate) async fn send(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, Value)> {
+pub(crate) async fn send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> Result<(u16, Value)> {
     let text = body.map(Value::to_string);
     let (code, answer) = try_request(addr, method, path, &[], text.as_deref()).await?;
-    Ok((code, serde_json::from_str(&answer).with_context(|| answer.clone())?))
+    Ok((
+        code,
+        serde_json::from_str(&answer).with_context(|| answer.clone())?,
+    ))
 }
 
 /// Waits until `tenant`'s view on `addr` says `wins` with override version `version`, and
 /// the rule in force differs from the configured one exactly when the override wins (the
 /// override of these tests sets a rule); returns how long it took.
-pub(crate) async fn until_wins(addr: SocketAddr, tenant: &str, wins: &str, version: u64) -> Result<Duration> {
+pub(crate) async fn until_wins(
+    addr: SocketAddr,
+    tenant: &str,
+    wins: &str,
+    version: u64,
+) -> Result<Duration> {
     let t0 = Instant::now();
     loop {
         let (code, view) = get_json(addr, &format!("/v1/tenants/{tenant}")).await;
         // The rule in force (what the partitions apply) too, not only the copy of the set.
-        let applied = (view["rules"]["rule"] != view["rules"]["configured"]["rule"])
-            == (wins == "override");
+        let applied =
+            (view["rules"]["rule"] != view["rules"]["configured"]["rule"]) == (wins == "override");
         if code == 200
             && view["rules"]["wins"] == wins
             && view["rules"]["override"]["version"] == version
@@ -79,7 +92,9 @@ async fn publish(setup: &Setup, tenant: &str, sessions: &[String]) -> Result<BTr
     let mut partitions = BTreeSet::new();
     for s in sessions {
         let body = format!(r#"{{"tenant":"{tenant}","session":"{s}"}}"#);
-        let (p, _) = setup.publish(&format!("{tenant}/{s}"), body.as_bytes(), None).await?;
+        let (p, _) = setup
+            .publish(&format!("{tenant}/{s}"), body.as_bytes(), None)
+            .await?;
         partitions.insert(p);
     }
     Ok(partitions)
@@ -100,7 +115,11 @@ async fn nats_overrides_apply_on_every_instance_and_after_a_restart() -> Result<
     // Set through instance 0.
     let body = json!({"version": 0, "debounce": {"policy": "fixed", "delay": "300ms"}, "tier": "limited", "reason": "incident 42", "request_id": "nats-ov-1"});
     let (code, answer) = send(i0.addr, "PUT", "/v1/tenants/acme/override", Some(&body)).await?;
-    ensure!(code == 200 && answer["result"] == "applied", "{answer}\n{}", i0.tail());
+    ensure!(
+        code == 200 && answer["result"] == "applied",
+        "{answer}\n{}",
+        i0.tail()
+    );
     let took = until_wins(i1.addr, "acme", "override", 1).await?;
     ensure!(
         took <= SHARE_INTERVAL,
@@ -151,7 +170,13 @@ async fn nats_overrides_apply_on_every_instance_and_after_a_restart() -> Result<
     let stale = json!({"version": 0, "debounce": {"delay": "1s"}});
     let (code, answer) = send(i1.addr, "PUT", "/v1/tenants/acme/override", Some(&stale)).await?;
     ensure!(code == 409 && answer["version"] == 1, "{answer}");
-    let (code, answer) = send(i1.addr, "DELETE", "/v1/tenants/acme/override?version=1", None).await?;
+    let (code, answer) = send(
+        i1.addr,
+        "DELETE",
+        "/v1/tenants/acme/override?version=1",
+        None,
+    )
+    .await?;
     ensure!(code == 200, "{answer}");
     let took = until_wins(i0.addr, "acme", "config", 2).await?;
     ensure!(took <= SHARE_INTERVAL, "removal seen after {took:?}");

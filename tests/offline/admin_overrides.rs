@@ -109,7 +109,10 @@ async fn send(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) 
 async fn emission_of(broker: &MemoryBroker, key: &str) -> Emission {
     tokio::time::timeout(PATIENCE, async {
         loop {
-            if let Some((e, _)) = emitted(broker).into_iter().find(|(e, _)| e.key.as_str() == key) {
+            if let Some((e, _)) = emitted(broker)
+                .into_iter()
+                .find(|(e, _)| e.key.as_str() == key)
+            {
                 return e;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -215,7 +218,11 @@ async fn an_override_times_the_next_upload_and_is_refused_when_stale_or_invalid(
         Some(&json!({"version": 1, "tier": "gold"})),
     )
     .await;
-    assert_eq!((code, &answer["key"]), (400, &Value::from("tier")), "{answer}");
+    assert_eq!(
+        (code, &answer["key"]),
+        (400, &Value::from("tier")),
+        "{answer}"
+    );
     let (code, answer) = send(
         addr,
         "PUT",
@@ -269,12 +276,28 @@ async fn an_override_times_the_next_upload_and_is_refused_when_stale_or_invalid(
     assert_eq!(code, 404, "nothing in force to remove");
 
     // Counted and audited.
-    assert_eq!(metric(addr, "settle_override_changes_total", &[("change", "set")]).await, 1.0);
     assert_eq!(
-        metric(addr, "settle_override_changes_total", &[("change", "removed")]).await,
+        metric(addr, "settle_override_changes_total", &[("change", "set")]).await,
         1.0
     );
-    assert!(metric(addr, "settle_override_changes_total", &[("change", "refused")]).await >= 6.0);
+    assert_eq!(
+        metric(
+            addr,
+            "settle_override_changes_total",
+            &[("change", "removed")]
+        )
+        .await,
+        1.0
+    );
+    assert!(
+        metric(
+            addr,
+            "settle_override_changes_total",
+            &[("change", "refused")]
+        )
+        .await
+            >= 6.0
+    );
     assert_eq!(metric(addr, "settle_overrides", &[]).await, 0.0);
     let records = audit(&broker);
     assert!(records.iter().any(|r| r.request_id == "ov-1"
@@ -322,13 +345,22 @@ async fn an_expired_override_gives_the_tenant_its_configured_rule_back() {
     .expect("the override expires");
     assert!(back_at >= expires_at, "not before its expiry");
     // At most a second late (plus the polling and a loaded machine's slack).
-    assert!(back_at <= expires_at + 3_000, "{} ms late", back_at - expires_at);
+    assert!(
+        back_at <= expires_at + 3_000,
+        "{} ms late",
+        back_at - expires_at
+    );
     produce(&broker, "beta", "after", node.clock.now_ms());
     node.settled(&broker, 1).await;
     let (_, after) = get_json(addr, "/v1/sessions/beta/after").await;
     assert_eq!(after["round"]["delay_ms"], HOUR, "{after}");
     assert_eq!(
-        metric(addr, "settle_override_changes_total", &[("change", "expired")]).await,
+        metric(
+            addr,
+            "settle_override_changes_total",
+            &[("change", "expired")]
+        )
+        .await,
         1.0
     );
     assert!(audit(&broker)
@@ -443,7 +475,10 @@ async fn a_pinned_tier_holds_at_twice_the_limit_and_automatic_tiering_resumes_wi
     emitted_of(&broker, "paying", 11).await;
     assert_eq!(by_tier(&broker, "paying"), (10, 1));
     let (_, view) = get_json(addr, "/v1/tenants/paying").await;
-    assert_eq!((&view["tier"], &view["pinned"]), (&Value::from("limited"), &Value::from(false)));
+    assert_eq!(
+        (&view["tier"], &view["pinned"]),
+        (&Value::from("limited"), &Value::from(false))
+    );
     node.stop().await;
 }
 

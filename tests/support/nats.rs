@@ -232,10 +232,7 @@ impl Setup {
             .js
             .delete_key_value(&self.nats.tier_counts_bucket)
             .await;
-        let _ = self
-            .js
-            .delete_key_value(&self.nats.overrides_bucket)
-            .await;
+        let _ = self.js.delete_key_value(&self.nats.overrides_bucket).await;
         for s in [&self.nats.input_stream, &self.nats.output_stream] {
             let _ = self.js.delete_stream(s).await;
         }

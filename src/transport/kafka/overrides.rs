@@ -122,10 +122,11 @@ impl OverrideStore for OverridesTopic {
             c.set("enable.partition.eof", "true")
                 .set("fetch.wait.max.ms", "100");
             let consumer: BaseConsumer<LogContext> =
-                c.create_with_context(LogContext).map_err(|e| Error::Fatal {
-                    transport: TRANSPORT,
-                    reason: format!("overrides reader: {e}"),
-                })?;
+                c.create_with_context(LogContext)
+                    .map_err(|e| Error::Fatal {
+                        transport: TRANSPORT,
+                        reason: format!("overrides reader: {e}"),
+                    })?;
             let (tx, rx) = mpsc::channel(FEED_BUFFER);
             let topic = self.topic.clone();
             std::thread::Builder::new()

@@ -118,7 +118,12 @@ impl TierCountsTopic {
 
 /// Creates `topic` (1 partition, `cleanup.policy=compact`; plain when the broker refuses the
 /// config) unless it exists; logs a warning naming `what` and `hint` when it cannot.
-pub(super) async fn ensure_compacted_topic(config: &KafkaConfig, topic: &str, what: &str, hint: &str) {
+pub(super) async fn ensure_compacted_topic(
+    config: &KafkaConfig,
+    topic: &str,
+    what: &str,
+    hint: &str,
+) {
     let admin: AdminClient<LogContext> = match config
         .client_config(Role::Producer)
         .create_with_context(LogContext)
