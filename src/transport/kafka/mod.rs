@@ -8,7 +8,7 @@
 //! offset), [`producer`] (the sink), `changelog` (changelog producer and restore reader),
 //! `txn` (exactly-once transactions and the start-up check that the cluster has them,
 //! [`check_transactions`]), [`tier_counts`] (the topic where instances exchange
-//! their tier counts), [`topics`] (topic checks and the tooling that creates,
+//! their tier counts), [`overrides`] (the compacted topic of the tenant overrides), [`topics`] (topic checks and the tooling that creates,
 //! produces to and reads back topics); this file holds what they share: headers, timeouts,
 //! error classification and the logging of each client's health.
 //!
