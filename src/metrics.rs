@@ -11,8 +11,8 @@
 //!
 //! Bounded only: `topic`, `partition`, `tier`, `trigger`, `policy`, `reason` (a
 //! `codec::DecodeError::reason` code or a `tiers::ChangeReason`), `state` (partition life
-//! cycle) and `version`. Never a tenant or session id: a tenant's figures are on the admin
-//! endpoint `/v1/tenants/{tenant}`.
+//! cycle), `version` and `change` (a tenant override change). Never a tenant or session id:
+//! a tenant's figures are on the admin endpoint `/v1/tenants/{tenant}`.
 //!
 //! # Where each figure comes from
 //!
@@ -102,6 +102,16 @@ pub const TENANTS_TRACKED: &str = "settle_tenants_tracked";
 pub const TENANTS_DEMOTED: &str = "settle_tenants_demoted";
 /// Gauge `{version}`: always 1; the version of the running binary.
 pub const BUILD_INFO: &str = "settle_build_info";
+/// Gauge: tenant overrides in force on this instance now (SEMANTICS §7: set, not removed,
+/// not expired).
+pub const OVERRIDES: &str = "settle_overrides";
+/// Counter `{change}`: tenant override changes seen by this instance (SEMANTICS §7): `set`
+/// (a new or updated override applied), `removed` (deleted through the API), `expired`
+/// (its expiry passed), `refused` (a request refused: stale version, invalid override).
+pub const OVERRIDE_CHANGES: &str = "settle_override_changes_total";
+
+/// Every value of the `change` label of [`OVERRIDE_CHANGES`].
+pub const OVERRIDE_CHANGE_KINDS: [&str; 4] = ["set", "removed", "expired", "refused"];
 
 /// Buckets of [`EMISSION_LATENESS`] (seconds).
 const LATENESS_BUCKETS: &[f64] = &[
@@ -193,6 +203,8 @@ struct Inner {
     tier_changes: IntCounterVec,
     tenants_tracked: IntGauge,
     tenants_demoted: IntGauge,
+    overrides: IntGauge,
+    override_changes: IntCounterVec,
     /// Acknowledged emissions and the uploads in them (for [`COALESCING_RATIO`]).
     emitted: AtomicU64,
     coalesced: AtomicU64,
@@ -378,6 +390,21 @@ impl Metrics {
         for reason in [ChangeReason::RateExceeded, ChangeReason::Recovered] {
             tier_changes.with_label_values(&[reason.as_str()]);
         }
+        let overrides = b.add(
+            IntGauge::new(
+                OVERRIDES,
+                "Tenant overrides in force on this instance (SEMANTICS §7).",
+            )
+            .expect("valid metric"),
+        );
+        let override_changes = b.counter(
+            OVERRIDE_CHANGES,
+            "Tenant override changes seen by this instance: set, removed, expired, refused (SEMANTICS §7).",
+            &["change"],
+        );
+        for change in OVERRIDE_CHANGE_KINDS {
+            override_changes.with_label_values(&[change]);
+        }
         Metrics {
             inner: Arc::new(Inner {
                 registry: b.registry,
@@ -403,6 +430,8 @@ impl Metrics {
                 tier_changes,
                 tenants_tracked,
                 tenants_demoted,
+                overrides,
+                override_changes,
                 emitted: AtomicU64::new(0),
                 coalesced: AtomicU64::new(0),
                 refreshing: Mutex::new(()),
@@ -518,6 +547,21 @@ impl Metrics {
         } else {
             coalesced as f64 / emitted as f64
         });
+    }
+
+    /// Sets [`OVERRIDES`]: `n` tenant overrides are in force.
+    pub fn set_overrides(&self, n: usize) {
+        self.inner
+            .overrides
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// Counts one [`OVERRIDE_CHANGES`] of kind `change` (one of [`OVERRIDE_CHANGE_KINDS`]).
+    pub fn override_change(&self, change: &str) {
+        self.inner
+            .override_changes
+            .with_label_values(&[change])
+            .inc();
     }
 
     /// Every metric in the Prometheus text exposition format (call [`Metrics::refresh`]
@@ -707,7 +751,7 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), n);
-        assert_eq!(n, 22);
+        assert_eq!(n, 24);
     }
 
     #[test]

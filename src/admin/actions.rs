@@ -65,12 +65,12 @@ pub struct ActionRequest {
 }
 
 /// A request id for a request that had none: time and randomness, unique enough.
-fn new_request_id(now: Millis) -> String {
+pub(super) fn new_request_id(now: Millis) -> String {
     format!("r-{now:x}-{:08x}", rand::random::<u32>())
 }
 
 /// Publishes `record` to the audit topic (when the admin has a channel) and logs it here.
-async fn audit(s: &AdminState, record: AuditRecord) {
+pub(super) async fn audit(s: &AdminState, record: AuditRecord) {
     s.actions.add(record.clone());
     if let Some(channel) = &s.channel {
         if let Err(e) = channel

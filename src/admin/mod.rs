@@ -1,8 +1,9 @@
 //! The admin HTTP server of `settle run` (axum): metrics, health, readiness and read-only
 //! views of the partitions, tenants, sessions and pending rounds this process owns, and
 //! operator actions (SEMANTICS §7). Loopback by default (`[admin] listen =
-//! "127.0.0.1:9464"`); only `POST /v1/actions` changes state, through the input (the
-//! partitions' owners apply it).
+//! "127.0.0.1:9464"`); only `POST /v1/actions` (through the input: the partitions' owners
+//! apply it) and the tenant override routes (through the override store: every instance
+//! applies it) change state.
 //!
 //! | endpoint | answer |
 //! |---|---|
@@ -15,6 +16,9 @@
 //! | `GET /v1/pending/summary` | open rounds (and their uploads) by tier and by due bucket, owed emissions, partitions covered |
 //! | `POST /v1/actions` | flush or cancel one session's open round, or every round a filter selects, with a dry run; answers each partition owner's outcome (`actions` module, SEMANTICS §7) |
 //! | `GET /v1/actions/{request_id}` | the audit records and outcomes known here of one request |
+//! | `PUT /v1/tenants/{tenant}/override` | sets the tenant's override (policy and parameters, max-wait, pinned tier, event ids; reason, expiry), naming the version it replaces: 200 once applied here, 202 while in flight, 400 naming the key, 409 with the current one when stale (`overrides` module, SEMANTICS §7) |
+//! | `DELETE /v1/tenants/{tenant}/override?version=N` | removes it: the config's rule applies again |
+//! | `GET /v1/overrides` | every tenant's override (version, expiry, in force or not), the config's rule of each tenant and which wins |
 //! | `GET /v1/sessions/{tenant}/{session}` | the session's CallTrack, open round and next due time, asked of the partition task that holds it (SEMANTICS §4); 404 when no partition owned here holds it |
 //!
 //! Errors are JSON `{"error": "..."}`: 400 for a path segment that is not a valid tenant or
@@ -25,6 +29,7 @@
 pub use crate::config::admin::{AdminConfig, DEFAULT_LISTEN};
 
 mod actions;
+mod overrides;
 mod pending;
 mod views;
 
@@ -32,8 +37,8 @@ use crate::codec::format_rfc3339_ms;
 use crate::engine::Millis;
 use crate::metrics::Metrics;
 use crate::runtime::{
-    ActionLog, Clock, PartitionState, PartitionStatus, Runtime, SessionLookup, StatusBoard,
-    StatusMap,
+    ActionLog, Clock, Overrides, PartitionState, PartitionStatus, Runtime, SessionLookup,
+    StatusBoard, StatusMap,
 };
 use crate::tiers::{SharedRouter, TiersConfig};
 use crate::transport::{ActionChannel, Sink};
@@ -79,6 +84,8 @@ pub struct AdminState {
     actions: ActionLog,
     /// Where action records and audit records go; `None`: actions are refused (503).
     channel: Option<Arc<dyn ActionChannel>>,
+    /// The runtime's tenant overrides (SEMANTICS §7).
+    overrides: Overrides,
 }
 
 impl AdminState {
@@ -94,6 +101,7 @@ impl AdminState {
             wall: Arc::new(move || clock.now_ms()),
             actions: runtime.actions(),
             channel: None,
+            overrides: runtime.overrides(),
         }
     }
 
@@ -113,6 +121,11 @@ pub fn router(state: AdminState) -> axum::Router {
         .route("/readyz", get(readyz))
         .route("/v1/partitions", get(views::partitions))
         .route("/v1/tenants/{tenant}", get(views::tenant))
+        .route(
+            "/v1/tenants/{tenant}/override",
+            axum::routing::put(overrides::put).delete(overrides::delete),
+        )
+        .route("/v1/overrides", get(overrides::list))
         .route("/v1/pending", get(pending::list))
         .route("/v1/pending/summary", get(pending::summary))
         .route("/v1/actions", axum::routing::post(actions::post))
@@ -149,7 +162,7 @@ impl AdminServer {
                 tracing::error!(error = %e, "admin server stopped");
             }
         });
-        tracing::info!(%addr, "admin server listening: /metrics /healthz /readyz /v1/partitions /v1/pending /v1/pending/summary /v1/tenants/{{tenant}} /v1/sessions/{{tenant}}/{{session}}");
+        tracing::info!(%addr, "admin server listening: /metrics /healthz /readyz /v1/partitions /v1/pending /v1/pending/summary /v1/tenants/{{tenant}} /v1/tenants/{{tenant}}/override /v1/overrides /v1/sessions/{{tenant}}/{{session}}");
         Ok(AdminServer { addr, stop, task })
     }
 

@@ -82,11 +82,13 @@ pub(super) async fn tenant(
         )
     };
     let table = s.router.tiers();
+    let pinned = s.router.lock().pinned(&tenant).is_some();
     Json(json!({
         "tenant": tenant,
         "tier": tier,
         "topic": table.topic_of(&tier),
-        "pinned": table.pinned(&tenant).is_some(),
+        "pinned": pinned,
+        "rules": super::overrides::tenant_rules(&s, &tenant, now),
         "rate": rate,
         "limit": s.tiers.limit,
         "period_ms": u64::try_from(s.tiers.period.as_millis()).unwrap_or(u64::MAX),

@@ -183,6 +183,13 @@ pub struct TenantOverride {
     pub learn_initial_delay: Option<bool>,
 }
 
+impl TenantOverride {
+    /// Whether no key is set (the tenant inherits everything).
+    pub fn is_empty(&self) -> bool {
+        *self == TenantOverride::default()
+    }
+}
+
 /// `[store]`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
@@ -488,6 +495,34 @@ impl DebounceConfig {
             learn_initial_delay: o.learn_initial_delay.unwrap_or(self.learn_initial_delay),
             tenants: BTreeMap::new(),
         }
+    }
+
+    /// The section that gives `spec` (durations from its ms, no tenants): the start of a
+    /// tenant override set while settle runs (`runtime::overrides`), which inherits the keys
+    /// it does not set from the rule in force for the tenant.
+    pub fn from_spec(spec: &PolicySpec) -> DebounceConfig {
+        let d = |ms: Millis| Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+        DebounceConfig {
+            policy: spec.name,
+            delay: d(spec.delay),
+            min_delay: d(spec.min_delay),
+            max_delay: d(spec.max_delay),
+            max_wait: spec.max_wait.map(d),
+            state_ttl: d(spec.state_ttl),
+            learn_initial_delay: spec.learn_initial_delay,
+            tenants: BTreeMap::new(),
+        }
+    }
+
+    /// Checks this section (tenants aside) by the rules of `[debounce]` (ranges, whole ms,
+    /// `max-delay >= min-delay`, [`PolicySpec::validate`]), naming keys under `section`
+    /// (`debounce.max-delay`): how a tenant override set while settle runs is checked
+    /// (SEMANTICS §7), with the message a config file would get.
+    ///
+    /// Errors: [`ConfigError::Invalid`] for the first bad key.
+    pub fn validate_as(&self, section: &str) -> Result<(), ConfigError> {
+        check_debounce_durations(section, self)?;
+        check_spec(section, self, "")
     }
 
     fn validate(&self) -> Result<(), ConfigError> {

@@ -130,6 +130,12 @@ pub struct NatsConfig {
     /// (history 1, `nats.storage`, `nats.replicas`). Default `SETTLE_TIER_COUNTS`; `""`
     /// turns sharing off (each instance then measures only its own emissions).
     pub tier_counts_bucket: String,
+    /// `overrides-bucket`: the JetStream KV bucket that holds the tenant overrides set
+    /// through the admin API (SEMANTICS §7; key = tenant, history 1, no expiry), shared by
+    /// every instance and kept across restarts. Created if missing (`nats.storage`,
+    /// `nats.replicas`). Default `SETTLE_OVERRIDES`; `""` turns overrides off (the admin
+    /// API then refuses them with 503).
+    pub overrides_bucket: String,
 }
 
 impl Default for NatsConfig {
@@ -161,6 +167,7 @@ impl Default for NatsConfig {
             changelog_stream: "SETTLE_CHANGELOG".to_owned(),
             changelog_subject_prefix: "settle.changelog".to_owned(),
             tier_counts_bucket: "SETTLE_TIER_COUNTS".to_owned(),
+            overrides_bucket: "SETTLE_OVERRIDES".to_owned(),
         }
     }
 }
@@ -333,6 +340,9 @@ impl NatsConfig {
         if let Some(bucket) = self.tier_counts() {
             check_name("nats.tier-counts-bucket", bucket)?;
         }
+        if let Some(bucket) = self.overrides() {
+            check_name("nats.overrides-bucket", bucket)?;
+        }
         if self.changelog().is_some() {
             check_name(
                 "nats.changelog-stream",
@@ -381,6 +391,11 @@ impl NatsConfig {
             super::host_name(),
             std::process::id()
         )
+    }
+
+    /// The overrides KV bucket, `None` when `overrides-bucket` is `""` (off).
+    pub fn overrides(&self) -> Option<&str> {
+        (!self.overrides_bucket.is_empty()).then_some(self.overrides_bucket.as_str())
     }
 
     /// The tier-counts KV bucket, `None` when `tier-counts-bucket` is `""` (off).

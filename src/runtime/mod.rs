@@ -42,6 +42,7 @@ pub mod catch_up;
 pub mod clock;
 pub mod lease;
 pub mod lookup;
+pub mod overrides;
 pub mod pacer;
 pub mod partition;
 pub mod pending;
@@ -58,6 +59,7 @@ pub use actions::ActionLog;
 pub use catch_up::CatchUpQueue;
 pub use clock::{Clock, PartitionClock, SystemClock, TokioClock};
 pub use lookup::{Lookup, SessionLookup, SessionView};
+pub use overrides::{Override, OverrideError, OverrideSet, Overrides, Written};
 pub use pacer::CatchUpPacer;
 pub use partition::{PartitionContext, PartitionExit, PartitionSettings};
 pub use publisher::{Fence, PublishTarget, TierRouting};
@@ -70,7 +72,9 @@ use crate::engine::Engine;
 use crate::metrics::Metrics;
 use crate::store::{self, MemoryBudget, StoreOptions};
 use crate::tiers::{Router, SharedRouter, TierChange, TiersConfig};
-use crate::transport::{self, Backoff, PartitionInput, Sink, Source, SourceEvent, TierCounts};
+use crate::transport::{
+    self, Backoff, OverrideStore, PartitionInput, Sink, Source, SourceEvent, TierCounts,
+};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -213,6 +217,8 @@ pub struct Runtime<K, C> {
     tier_changes: mpsc::UnboundedReceiver<TierChange>,
     /// Where the instances exchange their tier counts ([`Runtime::with_tier_counts`]).
     tier_counts: Option<Arc<dyn TierCounts>>,
+    /// The tenant overrides ([`Runtime::with_overrides`]; off without a store).
+    overrides: Overrides,
 }
 
 impl<K: Sink, C: Clock> Runtime<K, C> {
@@ -229,16 +235,29 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
             .map(lease::Liveness::start)
             .transpose()
             .map_err(|e| Error::Liveness(e.to_string()))?;
+        let rules = Rules::new(engine);
+        let wall = clock.clone();
+        let metrics = Metrics::new();
+        let overrides = Overrides::new(overrides::OverridesSetup {
+            store: None,
+            rules: rules.clone(),
+            router: tiers.router.clone(),
+            metrics: metrics.clone(),
+            wall: Arc::new(move || wall.now_ms()),
+            instance: String::new(),
+            audit: None,
+        });
         Ok(Runtime {
             liveness,
+            overrides,
             ctx: PartitionContext {
-                rules: Rules::new(engine),
+                rules,
                 sink,
                 clock,
                 tiers,
                 settings: Arc::new(options.partition_settings()),
                 status: StatusBoard::new(),
-                metrics: Metrics::new(),
+                metrics,
                 sessions: SessionLookup::new(),
                 actions: ActionLog::default(),
             },
@@ -265,6 +284,54 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
     pub fn with_actions(mut self, log: ActionLog) -> Self {
         self.ctx.actions = log;
         self
+    }
+
+    /// Takes tenant overrides from `store` (SEMANTICS §7; `overrides`): read to its end
+    /// before the partitions start (at most `overrides::RESTORE_TIMEOUT`), then followed;
+    /// each override is put in force over the rules the runtime was built with (the
+    /// config's). Expiries are audited on the audit topic of the action log (call
+    /// [`Runtime::with_actions`] first).
+    pub fn with_overrides(mut self, store: Arc<dyn OverrideStore>) -> Self {
+        let wall = self.ctx.clock.clone();
+        let (sink, log) = (self.ctx.sink.clone(), self.ctx.actions.clone());
+        let audit: overrides::AuditFn = Arc::new(move |record| {
+            log.add(record.clone());
+            let Some(topic) = log.topic.clone() else {
+                return;
+            };
+            let message = transport::ReadyMessage {
+                topic,
+                tier: "audit".to_owned(),
+                key: record.request_id.clone(),
+                emission_id: format!(
+                    "{}/{}/{}",
+                    record.request_id, record.action, record.instance
+                ),
+                payload: record.encode(),
+                partition: None,
+            };
+            let sink = sink.clone();
+            tokio::spawn(async move {
+                if let Err(e) = sink.publish(message).await {
+                    tracing::warn!(error = %e, "override audit record not published");
+                }
+            });
+        });
+        self.overrides = Overrides::new(overrides::OverridesSetup {
+            store: Some(store),
+            rules: self.ctx.rules.clone(),
+            router: self.ctx.tiers.router.clone(),
+            metrics: self.ctx.metrics.clone(),
+            wall: Arc::new(move || wall.now_ms()),
+            instance: self.ctx.actions.instance.clone(),
+            audit: Some(audit),
+        });
+        self
+    }
+
+    /// The tenant overrides (clone it before `run`): the admin API reads and writes them.
+    pub fn overrides(&self) -> Overrides {
+        self.overrides.clone()
     }
 
     /// The log of operator actions (clone it before `run`): the admin API waits on it for
@@ -371,6 +438,21 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
             }
             None => None,
         };
+        // The overrides before any partition: the first upload applied is timed by them.
+        let overrides_stop = CancellationToken::new();
+        let (ready, restored) = tokio::sync::oneshot::channel();
+        let overrides_task = tokio::spawn(overrides::run(
+            self.overrides.clone(),
+            ready,
+            overrides_stop.clone(),
+        ));
+        tokio::select! {
+            () = shutdown.cancelled() => {}
+            _ = restored => {}
+            () = tokio::time::sleep(overrides::RESTORE_TIMEOUT) => {
+                tracing::warn!(store = ?self.overrides.store_name(), "tenant overrides not read within {:?}: starting without them; they apply once read", overrides::RESTORE_TIMEOUT);
+            }
+        }
         let mut running: HashMap<i32, Running> = HashMap::new();
         let mut summary = RunSummary::default();
         let mut backoff = Backoff::new(Duration::from_secs(5));
@@ -460,6 +542,8 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
         // what is left of the shutdown deadline.
         tiers_stop.cancel();
         share_stop.cancel();
+        overrides_stop.cancel();
+        overrides_task.abort();
         let abort = tiers_task.abort_handle();
         let deadline = stopping + self.options.shutdown_deadline;
         if let Some(task) = share_task {

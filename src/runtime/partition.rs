@@ -679,11 +679,7 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
         self.refresh_status().map_err(fatal)?;
         let mut paused: Option<Duration> = None;
         loop {
-            if self.rules.has_changed().unwrap_or(false) {
-                let engine = self.rules.borrow_and_update().clone();
-                tracing::info!(partition = self.partition(), rules = %engine.policies(), "debounce rules changed: applied to every upload from here on");
-                self.driver.set_engine(engine);
-            }
+            self.take_rules();
             self.take_acks().map_err(fatal)?;
             if self.txn.is_none() {
                 self.flush_if_due(false).map_err(fatal)?;
@@ -763,6 +759,9 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
             } else if let Some(p) = paused {
                 pause(cancel, p).await;
             }
+            // Rules set while the poll waited apply to the records it brought (SEMANTICS §7:
+            // a new rule applies to every upload applied after the owner saw it).
+            self.take_rules();
             let t = Instant::now();
             let report = self.step().map_err(fatal)?;
             self.profile.step += t.elapsed();
@@ -807,6 +806,17 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
             self.profile.report(self.status.partition);
             // Let the publisher and other partitions run between steps of a long catch-up.
             tokio::task::yield_now().await;
+        }
+    }
+
+    /// Takes the debounce rules in force when they changed (tenant overrides, SEMANTICS §7):
+    /// the next upload applied is timed by them; a pending round keeps its due time until
+    /// its next upload.
+    fn take_rules(&mut self) {
+        if self.rules.has_changed().unwrap_or(false) {
+            let engine = self.rules.borrow_and_update().clone();
+            tracing::info!(partition = self.partition(), rules = %engine.policies(), "debounce rules changed: applied to every upload from here on");
+            self.driver.set_engine(engine);
         }
     }
 

@@ -34,7 +34,7 @@ use crate::runtime::{
 };
 use crate::transport::kafka::{self, KafkaSink, KafkaSource};
 use crate::transport::nats::{self, NatsSink, NatsSource};
-use crate::transport::{ActionChannel, Sink, Source, TierCounts};
+use crate::transport::{ActionChannel, OverrideStore, Sink, Source, TierCounts};
 use anyhow::Context as _;
 use std::path::Path;
 use std::sync::Arc;
@@ -173,7 +173,17 @@ pub async fn run_until(config: &Config, shutdown: CancellationToken) -> anyhow::
             tokio::spawn(async move { creating.ensure_audit_topic().await });
             let log = ActionLog::new(Some(kafka::KafkaActions::audit_topic(k)), &k.instance_id());
             let actions = (Arc::new(actions) as Arc<dyn ActionChannel>, log);
-            serve(config, options, source, sink, counts, actions, shutdown).await
+            let overrides = kafka::OverridesTopic::new(k)?;
+            // In the background too; the feed finds the topic once it exists.
+            let creating = Arc::clone(&overrides);
+            tokio::spawn(async move { creating.ensure_topic().await });
+            let overrides = Some(overrides as Arc<dyn OverrideStore>);
+            let shared = Shared {
+                counts,
+                actions,
+                overrides,
+            };
+            serve(config, options, source, sink, shared, shutdown).await
         }
         Transport::Nats => {
             let n = &config.nats;
@@ -191,10 +201,26 @@ pub async fn run_until(config: &Config, shutdown: CancellationToken) -> anyhow::
             }
             let log = ActionLog::new(Some(actions.subject().to_owned()), &n.instance_name());
             let actions = (Arc::new(actions) as Arc<dyn ActionChannel>, log);
+            let overrides = nats::OverridesBucket::new(js.clone(), n)
+                .map(|b| Arc::new(b) as Arc<dyn OverrideStore>);
             let source = NatsSource::new(js, n, &config.tiers);
-            serve(config, options, source, sink, counts, actions, shutdown).await
+            let shared = Shared {
+                counts,
+                actions,
+                overrides,
+            };
+            serve(config, options, source, sink, shared, shutdown).await
         }
     }
+}
+
+/// What the instances of a deployment share through the broker besides the input and
+/// output: tier counts (with this instance's name), the action channel with this
+/// instance's action log, the tenant overrides.
+struct Shared {
+    counts: Option<(Arc<dyn TierCounts>, String)>,
+    actions: (Arc<dyn ActionChannel>, ActionLog),
+    overrides: Option<Arc<dyn OverrideStore>>,
 }
 
 /// What every transport shares: the runtime over `source` and `sink`, the admin server and
@@ -204,10 +230,14 @@ async fn serve<S: Source, K: Sink>(
     options: RuntimeOptions,
     source: S,
     sink: K,
-    counts: Option<(Arc<dyn TierCounts>, String)>,
-    (channel, log): (Arc<dyn ActionChannel>, ActionLog),
+    shared: Shared,
     shutdown: CancellationToken,
 ) -> anyhow::Result<RunSummary> {
+    let Shared {
+        counts,
+        actions: (channel, log),
+        overrides,
+    } = shared;
     let mut runtime = Runtime::new(
         Engine::new(config.policy_table()),
         sink,
@@ -215,6 +245,10 @@ async fn serve<S: Source, K: Sink>(
         options,
     )?
     .with_actions(log.clone());
+    if let Some(store) = overrides {
+        tracing::info!(store = store.name(), "tenant overrides from the broker");
+        runtime = runtime.with_overrides(store);
+    }
     if let Some((counts, instance)) = counts {
         let tiers = &config.tiers;
         if tiers.share_interval * 4 > tiers.period {

@@ -25,8 +25,11 @@
 //!   rate has been below `limit × recover-ratio` (`count < ⌈limit × recover-ratio⌉`)
 //!   continuously for `cooldown`. Any moment at or above that threshold restarts the
 //!   cooldown, so a tenant hovering near `limit` stays demoted instead of flapping.
-//! * **Pinned** tenants (`[tiers.pinned]`) always route to their tier and never move; their
-//!   rate is still measured (for [`Router::rate_of`]).
+//! * **Pinned** tenants (`[tiers.pinned]`, or a tenant override's pinned tier set while
+//!   settle runs: [`Router::set_override_pins`], SEMANTICS §7) always route to their tier and
+//!   never move; their rate is still measured (for [`Router::rate_of`]). While an override
+//!   pins a tenant its automatic state holds (no demotion, no promotion); when the pin goes,
+//!   automatic tiering resumes from the measured rate.
 //! * Tiers between the first and `demote-to` are reachable only by pinning. With a single
 //!   tier, automatic demotion is off.
 //!
@@ -385,7 +388,12 @@ impl Tenant {
         rules: &Rules,
     ) -> (TierId, Option<TierChange>) {
         self.window.expire(now, &rules.window);
-        let mut change = self.try_recover(tenant, now, remote, table, rules);
+        // Pinned: the automatic state holds (a demotion from before the pin stays until
+        // the pin goes and the rule promotes it).
+        let mut change = match pinned {
+            Some(_) => None,
+            None => self.try_recover(tenant, now, remote, table, rules),
+        };
         let total = self.window.record(now, &rules.window) + remote;
         self.observe(total, remote, now, rules);
         if let Some(c) = self.try_demote(tenant, pinned, total, now, table, rules) {
@@ -438,6 +446,8 @@ pub struct Router {
     fading: BTreeMap<String, Fading>,
     /// A snapshot with another `period` was seen (logged once).
     period_mismatch: bool,
+    /// Tenant → tier pinned by a tenant override (SEMANTICS §7), over `[tiers.pinned]`.
+    override_pins: HashMap<String, TierId>,
 }
 
 /// The latest counts of one other instance ([`CountsSnapshot`]).
@@ -520,6 +530,7 @@ impl Router {
             remote_sum: HashMap::new(),
             fading: BTreeMap::new(),
             period_mismatch: false,
+            override_pins: HashMap::new(),
         })
     }
 
@@ -539,6 +550,47 @@ impl Router {
         &self.table
     }
 
+    /// Replaces the tiers pinned by tenant overrides (SEMANTICS §7): tenant → tier name.
+    /// They win over `[tiers.pinned]` and over automatic demotion and recovery while they
+    /// last; a tenant no longer listed is tiered automatically again from its measured rate.
+    /// Returns the tenants whose tier name is not in the tier list (left unpinned).
+    pub fn set_override_pins<'a>(
+        &mut self,
+        pins: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Vec<String> {
+        let mut unknown = Vec::new();
+        self.override_pins = pins
+            .into_iter()
+            .filter_map(
+                |(tenant, tier)| match self.table.names.iter().position(|n| n == tier) {
+                    Some(i) => Some((tenant.to_owned(), i)),
+                    None => {
+                        unknown.push(tenant.to_owned());
+                        None
+                    }
+                },
+            )
+            .collect();
+        unknown
+    }
+
+    /// The tier `tenant` is pinned to and by what: `"override"` (a tenant override) or
+    /// `"config"` (`[tiers.pinned]`); `None` when automatic tiering decides.
+    pub fn pinned(&self, tenant: &str) -> Option<(&str, &'static str)> {
+        if let Some(&i) = self.override_pins.get(tenant) {
+            return Some((&self.table.names[i], "override"));
+        }
+        self.table.pinned(tenant).map(|t| (t, "config"))
+    }
+
+    /// The tier `tenant` is pinned to (an override's, else `[tiers.pinned]`).
+    fn pin_of(&self, tenant: &str) -> Option<TierId> {
+        self.override_pins
+            .get(tenant)
+            .or_else(|| self.table.pinned.get(tenant))
+            .copied()
+    }
+
     /// Routes one emission of `tenant` published at `now_ms` (ms since the epoch): counts it in
     /// the tenant's rate, applies a due promotion or a demotion, and returns its tier and
     /// topic. Never fails, never drops: every emission gets a topic. Amortised O(1).
@@ -553,7 +605,7 @@ impl Router {
 
     fn decide(&mut self, tenant: &str, now_ms: Millis) -> (TierId, Option<TierChange>) {
         let now = self.advance(now_ms);
-        let pinned = self.table.pinned.get(tenant).copied();
+        let pinned = self.pin_of(tenant);
         let remote = self.remote_at(tenant, now);
         let (table, rules) = (&*self.table, &self.rules);
         let (tier, change) = match self.tenants.get_mut(tenant) {
@@ -593,6 +645,7 @@ impl Router {
                 break;
             };
             looked += 1;
+            let pinned = self.pin_of(&key).is_some();
             let (table, rules) = (&*self.table, &self.rules);
             // Invariant: every heap entry names a tracked tenant (one entry per tenant).
             let Some(t) = self.tenants.get_mut(&*key) else {
@@ -600,8 +653,17 @@ impl Router {
             };
             t.window.expire(now, &rules.window);
             let remote = remote_at(&self.remote_sum, &self.fading, &key, now, rules);
-            let change = t.try_recover(&key, now, remote, table, rules);
+            let change = if pinned {
+                None
+            } else {
+                t.try_recover(&key, now, remote, table, rules)
+            };
             match t.next_check(rules) {
+                // Pinned and due for a promotion it may not take: looked at again in a
+                // second (the pin may be gone by then), not in this sweep.
+                Some(at) if pinned && at <= now => {
+                    self.checks.push(Reverse((now.saturating_add(1_000), key)))
+                }
                 Some(at) => self.checks.push(Reverse((at, key))),
                 None => {
                     self.tenants.remove(&*key);
@@ -623,7 +685,7 @@ impl Router {
     /// The tenant's tier as last decided (pinned, demoted or first). A promotion that is due
     /// but not yet applied by `route` or `sweep` is not reflected.
     pub fn tier_of(&self, tenant: &str) -> &str {
-        if let Some(tier) = self.table.pinned(tenant) {
+        if let Some((tier, _)) = self.pinned(tenant) {
             return tier;
         }
         match self.tenants.get(tenant) {
@@ -826,7 +888,7 @@ impl Router {
     /// run time, so that the tenant's reporter publishes it whichever instance decided; at a
     /// restore it is not a change).
     fn adopt(&mut self, tenant: &str, since: Millis, above_until: Millis, now: Millis) -> bool {
-        if self.table.pinned.contains_key(tenant)
+        if self.pin_of(tenant).is_some()
             || !self.table.auto_demotion()
             || above_until.saturating_add(self.rules.cooldown) <= now
         {
@@ -860,7 +922,7 @@ impl Router {
     /// Re-checks `tenant` against its deployment-wide count at `now` after the other
     /// instances' counts changed: a demotion, or a later earliest recovery.
     fn check_shared(&mut self, tenant: &Arc<str>, now: Millis) -> Option<TierChange> {
-        let pinned = self.table.pinned.get(&**tenant).copied();
+        let pinned = self.pin_of(tenant);
         if pinned.is_some() || !self.table.auto_demotion() {
             return None;
         }

@@ -24,8 +24,8 @@
 //! Time: waits use tokio time, so tests with paused time drive the broker too.
 
 use super::{
-    AuditSink, ChangelogReader, Error, InputBatch, InputRecord, PartitionInput, ReadyMessage, Sink,
-    Source, SourceEvent,
+    ChangelogReader, Error, InputBatch, InputRecord, PartitionInput, ReadyMessage, Sink, Source,
+    SourceEvent,
 };
 use crate::codec;
 use crate::store::Change;
@@ -106,6 +106,8 @@ struct Shared {
     /// reaches a log's end does not report it caught up (more records are coming).
     loading: AtomicBool,
     state: Mutex<State>,
+    /// The tenant overrides ([`MemoryBroker::overrides`]).
+    overrides: MemoryOverrides,
 }
 
 #[derive(Debug)]
@@ -351,6 +353,7 @@ impl MemoryBroker {
                     keep_output: true,
                     changelog: None,
                 }),
+                overrides: MemoryOverrides::default(),
             }),
         }
     }
@@ -976,8 +979,138 @@ impl super::ActionChannel for MemoryActions {
         Box::pin(async move { sink.publish(message).await })
     }
 
-    fn tail_audit(&self, _since_ms: i64, _each: AuditSink) -> BoxFuture<'_, Result<(), Error>> {
+    fn tail_audit(
+        &self,
+        _since_ms: i64,
+        _each: crate::transport::AuditCallback,
+    ) -> BoxFuture<'_, Result<(), Error>> {
         Box::pin(async { Ok(()) })
+    }
+}
+
+/// [`super::OverrideStore`] of the memory broker: a map of tenant → latest value with a
+/// revision counter, compared on every write, and the list of every write for the feeds.
+/// Every handle of one broker shares it, so overrides outlive a runtime's restart within one
+/// process (as a broker's KV bucket or compacted topic outlives a process).
+#[derive(Clone, Debug, Default)]
+pub struct MemoryOverrides {
+    inner: Arc<OverridesInner>,
+}
+
+#[derive(Debug, Default)]
+struct OverridesInner {
+    state: Mutex<OverridesState>,
+    written: Notify,
+}
+
+#[derive(Debug, Default)]
+struct OverridesState {
+    /// Every write in order (the feeds read it by position).
+    log: Vec<super::OverrideEntry>,
+    /// Tenant → position of its latest write in `log`.
+    latest: HashMap<String, usize>,
+}
+
+impl MemoryBroker {
+    /// The broker's tenant overrides ([`super::OverrideStore`]).
+    pub fn overrides(&self) -> MemoryOverrides {
+        self.shared.overrides.clone()
+    }
+}
+
+impl MemoryOverrides {
+    fn lock(&self) -> MutexGuard<'_, OverridesState> {
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl super::OverrideStore for MemoryOverrides {
+    fn name(&self) -> &str {
+        "memory.overrides"
+    }
+
+    fn compares_revisions(&self) -> bool {
+        true
+    }
+
+    fn put(
+        &self,
+        tenant: &str,
+        value: Vec<u8>,
+        expected: u64,
+    ) -> BoxFuture<'_, Result<u64, super::OverrideWriteError>> {
+        let written = {
+            let mut st = self.lock();
+            let current = st.latest.get(tenant).map_or(0, |&i| st.log[i].revision);
+            if current != expected {
+                Err(super::OverrideWriteError::Conflict { expected })
+            } else {
+                let revision = st.log.len() as u64 + 1;
+                st.log.push(super::OverrideEntry {
+                    key: tenant.to_owned(),
+                    value,
+                    revision,
+                });
+                let at = st.log.len() - 1;
+                st.latest.insert(tenant.to_owned(), at);
+                Ok(revision)
+            }
+        };
+        if written.is_ok() {
+            self.inner.written.notify_waiters();
+        }
+        Box::pin(async move { written })
+    }
+
+    fn subscribe(&self) -> BoxFuture<'_, Result<Box<dyn super::OverrideFeed>, Error>> {
+        let (mut first, next) = {
+            let st = self.lock();
+            let mut at: Vec<usize> = st.latest.values().copied().collect();
+            at.sort_unstable();
+            let first: std::collections::VecDeque<super::OverrideEvent> = at
+                .into_iter()
+                .map(|i| super::OverrideEvent::Entry(st.log[i].clone()))
+                .collect();
+            (first, st.log.len())
+        };
+        first.push_back(super::OverrideEvent::CaughtUp);
+        let feed = MemoryOverrideFeed {
+            store: self.clone(),
+            first,
+            next,
+        };
+        Box::pin(async move { Ok(Box::new(feed) as Box<dyn super::OverrideFeed>) })
+    }
+}
+
+/// A feed of [`MemoryOverrides`]: the latest values, then every write after them.
+struct MemoryOverrideFeed {
+    store: MemoryOverrides,
+    first: std::collections::VecDeque<super::OverrideEvent>,
+    /// Position in the store's log of the next write to yield.
+    next: usize,
+}
+
+impl super::OverrideFeed for MemoryOverrideFeed {
+    fn next(&mut self) -> BoxFuture<'_, Result<super::OverrideEvent, Error>> {
+        Box::pin(async move {
+            if let Some(e) = self.first.pop_front() {
+                return Ok(e);
+            }
+            loop {
+                let written = self.store.inner.written.notified();
+                tokio::pin!(written);
+                written.as_mut().enable();
+                if let Some(entry) = self.store.lock().log.get(self.next).cloned() {
+                    self.next += 1;
+                    return Ok(super::OverrideEvent::Entry(entry));
+                }
+                written.await;
+            }
+        })
     }
 }
 

@@ -519,11 +519,98 @@ pub trait ActionChannel: Send + Sync + 'static {
     /// process sees its own records.
     ///
     /// Errors: the audit log cannot be read (the caller retries after a backoff).
-    fn tail_audit(&self, since_ms: i64, each: AuditSink) -> BoxFuture<'_, Result<(), Error>>;
+    fn tail_audit(&self, since_ms: i64, each: AuditCallback) -> BoxFuture<'_, Result<(), Error>>;
 }
 
-/// What [`ActionChannel::tail_audit`] calls with each audit record's JSON payload (bytes).
-pub type AuditSink = Box<dyn Fn(&[u8]) + Send + Sync>;
+/// What [`ActionChannel::tail_audit`] calls with each audit record's JSON payload.
+pub type AuditCallback = Box<dyn Fn(&[u8]) + Send + Sync>;
+
+/// Where the tenant overrides of one deployment live (SEMANTICS §7): a log that keeps the
+/// latest value of each tenant, key = tenant, value = the override's JSON
+/// (`runtime::overrides::Override`; a removal is a tombstone value that keeps its version).
+/// Memory: a map shared by every handle of one [`memory::MemoryBroker`]; NATS: the KV bucket
+/// `nats.overrides-bucket` (`nats::OverridesBucket`); Kafka: the compacted topic
+/// `<group-id>.overrides` (`kafka::OverridesTopic`). The transport moves bytes; the runtime
+/// (`runtime::overrides`) encodes, checks versions and decides.
+pub trait OverrideStore: Send + Sync + 'static {
+    /// Where the overrides live (bucket or topic name), for log lines and answers.
+    fn name(&self) -> &str;
+
+    /// Whether [`OverrideStore::put`] compares the revision (memory, NATS: a write made
+    /// against a stale revision is refused by the store itself). `false` (Kafka): every write
+    /// is appended, and the log's order decides between two writes of one version (the
+    /// runtime takes the first it reads; every instance reads the same order).
+    fn compares_revisions(&self) -> bool;
+
+    /// Stores `value` as `tenant`'s latest, if the tenant's latest is at `expected` (its
+    /// revision as the feed gave it; 0: the tenant has no value yet) where the store compares
+    /// revisions. Resolves once the broker acknowledged the write: this is the commit point.
+    /// Returns the new value's revision (memory: a counter; NATS: the KV revision; Kafka: the
+    /// record's offset + 1).
+    ///
+    /// Errors: [`OverrideWriteError::Conflict`] (another write came first: nothing written),
+    /// [`OverrideWriteError::Transport`] ([`Error::Unavailable`] when the broker did not
+    /// answer: the write may or may not have happened; the feed tells).
+    fn put(
+        &self,
+        tenant: &str,
+        value: Vec<u8>,
+        expected: u64,
+    ) -> BoxFuture<'_, Result<u64, OverrideWriteError>>;
+
+    /// A feed of every tenant's latest value as the store holds it now, then
+    /// [`OverrideEvent::CaughtUp`], then every value written from then on (by any instance,
+    /// this one included), in the store's order.
+    ///
+    /// Errors: [`Error::Unavailable`] (the caller subscribes again after a backoff),
+    /// [`Error::Fatal`].
+    fn subscribe(&self) -> BoxFuture<'_, Result<Box<dyn OverrideFeed>, Error>>;
+}
+
+/// Why an [`OverrideStore::put`] wrote nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum OverrideWriteError {
+    /// The tenant's latest value is not at the expected revision: another write came first.
+    #[error(
+        "the override was changed by another write (revision {expected} is no longer the latest)"
+    )]
+    Conflict {
+        /// The revision the write expected.
+        expected: u64,
+    },
+    /// The broker refused or did not answer.
+    #[error(transparent)]
+    Transport(#[from] Error),
+}
+
+/// One value of an [`OverrideStore`]: a tenant's latest override JSON at a revision.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OverrideEntry {
+    /// The key (the tenant; on NATS the escaped KV key: the value names the tenant).
+    pub key: String,
+    /// The override's JSON (a tombstone is a JSON value too; empty: removed by hand).
+    pub value: Vec<u8>,
+    /// The store's revision of this value (see [`OverrideStore::put`]).
+    pub revision: u64,
+}
+
+/// What an [`OverrideFeed`] yields.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OverrideEvent {
+    /// A tenant's value.
+    Entry(OverrideEntry),
+    /// Every value the store held when the feed started was yielded (once per feed).
+    CaughtUp,
+}
+
+/// The values of an [`OverrideStore`] (see [`OverrideStore::subscribe`]).
+pub trait OverrideFeed: Send {
+    /// The next event; waits for one.
+    ///
+    /// Errors: [`Error::Unavailable`] (the caller subscribes again after a backoff),
+    /// [`Error::Fatal`].
+    fn next(&mut self) -> BoxFuture<'_, Result<OverrideEvent, Error>>;
+}
 
 /// The snapshots published after [`TierCounts::subscribe`], in the order the log has them.
 pub trait TierCountsFeed: Send {

@@ -39,15 +39,21 @@ fn free_port() -> Result<u16> {
         .port())
 }
 
-struct Instance {
-    config: PathBuf,
-    log: PathBuf,
-    addr: SocketAddr,
-    child: Child,
+/// One `settle run` process of the test (also used by `kafka_overrides`).
+pub(crate) struct Instance {
+    pub(crate) config: PathBuf,
+    pub(crate) log: PathBuf,
+    pub(crate) addr: SocketAddr,
+    pub(crate) child: Child,
 }
 
 impl Instance {
-    fn start(kafka: &KafkaConfig, output: &str, dir: &Path, index: usize) -> Result<Instance> {
+    pub(crate) fn start(
+        kafka: &KafkaConfig,
+        output: &str,
+        dir: &Path,
+        index: usize,
+    ) -> Result<Instance> {
         let port = free_port()?;
         let text = format!(
             r#"transport = "kafka"
@@ -98,7 +104,7 @@ topic = "{output}"
         })
     }
 
-    fn restart(&mut self) -> Result<()> {
+    pub(crate) fn restart(&mut self) -> Result<()> {
         let log = self.log.with_extension("2.log");
         let listen = self.addr.to_string();
         self.child = start_run_logged(&self.config, &[("SETTLE_ADMIN__LISTEN", &listen)], &log)?;

@@ -35,7 +35,7 @@ use std::time::Duration;
 const PARTITIONS: u32 = 4;
 const SESSIONS: usize = 16;
 
-fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
@@ -64,15 +64,16 @@ listen = "127.0.0.1:{port}"
     Ok(path)
 }
 
-struct Instance {
-    config: PathBuf,
-    log: PathBuf,
-    addr: SocketAddr,
-    child: Child,
+/// One `settle run` process of the test (also used by `nats_overrides`).
+pub(crate) struct Instance {
+    pub(crate) config: PathBuf,
+    pub(crate) log: PathBuf,
+    pub(crate) addr: SocketAddr,
+    pub(crate) child: Child,
 }
 
 impl Instance {
-    fn start(setup: &Setup, dir: &Path, index: u32) -> Result<Instance> {
+    pub(crate) fn start(setup: &Setup, dir: &Path, index: u32) -> Result<Instance> {
         let port = free_port()?;
         let config = config(setup, dir, index, port)?;
         let log = dir.join(format!("i{index}.log"));
@@ -91,7 +92,7 @@ impl Instance {
     }
 
     /// The last lines of its log, for a failure message.
-    fn tail(&self) -> String {
+    pub(crate) fn tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         let admin: Vec<&str> = lines
@@ -108,7 +109,7 @@ impl Instance {
         )
     }
 
-    fn restart(&mut self) -> Result<()> {
+    pub(crate) fn restart(&mut self) -> Result<()> {
         let log = self.log.with_extension("2.log");
         let listen = self.addr.to_string();
         self.child = start_run_logged(&self.config, &[("SETTLE_ADMIN__LISTEN", &listen)], &log)?;

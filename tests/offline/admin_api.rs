@@ -207,6 +207,7 @@ async fn metrics_and_admin_endpoints_on_a_running_runtime() {
         "reason",
         "state",
         "version",
+        "change",
         "le",
     ];
     for (name, labels, _) in &m.0 {

@@ -298,6 +298,47 @@ fn pinned_tenants_rate_is_still_measured() {
     assert_eq!(r.rate_of("vip", T0 + 1000), 0);
 }
 
+#[test]
+fn an_override_pin_holds_the_automatic_state_and_tiering_resumes_without_it() {
+    let mut r = small();
+    // Pinned to normal: 20 emissions (twice the limit) stay normal, no change.
+    assert!(r.set_override_pins([("acme", "normal")]).is_empty());
+    assert_eq!(burst(&mut r, "acme", T0, 20), "normal");
+    assert_eq!(r.tier_of("acme"), "normal");
+    assert_eq!(r.pinned("acme"), Some(("normal", "override")));
+    assert_eq!(r.rate_of("acme", T0), 20, "the rate is still measured");
+    // The pin goes: acme's next emission is tiered by its measured rate.
+    assert_eq!(
+        r.set_override_pins([("gamma", "gold")]),
+        vec!["gamma".to_owned()],
+        "an unknown tier pins nothing"
+    );
+    assert_eq!(r.pinned("acme"), None);
+    let (tier, change) = route(&mut r, "acme", T0 + 2);
+    assert_eq!(tier, "limited");
+    assert_eq!(change.expect("demoted").reason, ChangeReason::RateExceeded);
+    // Demoted first, then pinned to normal: routed normal, no promotion while pinned, even
+    // long past the cooldown (and the sweep does not spin on it).
+    demote_small(&mut r, "beta", T0 + 3);
+    r.set_override_pins([("beta", "normal")]);
+    assert_eq!(route(&mut r, "beta", T0 + 4).0, "normal");
+    assert!(r
+        .sweep(T0 + 60_000, usize::MAX)
+        .changes
+        .iter()
+        .all(|c| c.tenant != "beta"));
+    assert!(r.demoted(T0 + 60_000).iter().any(|d| d.tenant == "beta"));
+    // Unpinned: promoted by the rule once a sweep looks at it again.
+    r.set_override_pins(std::iter::empty());
+    let promoted = r.sweep(T0 + 61_000, usize::MAX).changes;
+    assert!(
+        promoted
+            .iter()
+            .any(|c| c.tenant == "beta" && c.reason == ChangeReason::Recovered),
+        "{promoted:?}"
+    );
+}
+
 /// Times of a deterministic, bursty emission stream: ~1200/min for 3000 emissions, 10 min
 /// quiet, then 17 000 emissions with jittered gaps around 600/min.
 fn bursty_times() -> Vec<Millis> {

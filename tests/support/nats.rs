@@ -73,6 +73,7 @@ impl Setup {
             changelog_stream: format!("T_{id}_CL"),
             changelog_subject_prefix: format!("t{id}.changelog"),
             tier_counts_bucket: format!("T_{id}_TC"),
+            overrides_bucket: format!("T_{id}_OV"),
             partitions,
             storage,
             ..NatsConfig::default()
@@ -231,6 +232,7 @@ impl Setup {
             .js
             .delete_key_value(&self.nats.tier_counts_bucket)
             .await;
+        let _ = self.js.delete_key_value(&self.nats.overrides_bucket).await;
         for s in [&self.nats.input_stream, &self.nats.output_stream] {
             let _ = self.js.delete_stream(s).await;
         }
@@ -262,6 +264,7 @@ output-stream = "{output}"
 changelog-stream = "{changelog}"
 changelog-subject-prefix = "{changelog_prefix}"
 tier-counts-bucket = "{tier_counts}"
+overrides-bucket = "{overrides}"
 storage = "memory"
 
 [tiers]
@@ -283,6 +286,7 @@ topic = "{limited}"
             changelog = n.changelog_stream,
             changelog_prefix = n.changelog_subject_prefix,
             tier_counts = n.tier_counts_bucket,
+            overrides = n.overrides_bucket,
             events = self.tiers.events_topic,
             normal = self.tier_subject("normal"),
             limited = self.tier_subject("limited"),

@@ -126,7 +126,7 @@ impl ActionChannel for KafkaActions {
     fn tail_audit(
         &self,
         since_ms: i64,
-        each: crate::transport::AuditSink,
+        each: crate::transport::AuditCallback,
     ) -> BoxFuture<'_, Result<(), Error>> {
         Box::pin(async move {
             let unavailable = |what: &str, e: String| Error::Unavailable {

@@ -8,7 +8,7 @@
 //! offset), [`producer`] (the sink), `changelog` (changelog producer and restore reader),
 //! `txn` (exactly-once transactions and the start-up check that the cluster has them,
 //! [`check_transactions`]), [`tier_counts`] (the topic where instances exchange
-//! their tier counts), [`topics`] (topic checks and the tooling that creates,
+//! their tier counts), [`overrides`] (the compacted topic of the tenant overrides), [`topics`] (topic checks and the tooling that creates,
 //! produces to and reads back topics); this file holds what they share: headers, timeouts,
 //! error classification and the logging of each client's health.
 //!
@@ -90,6 +90,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 pub mod actions;
 mod changelog;
 pub mod consumer;
+pub mod overrides;
 pub mod producer;
 pub mod tier_counts;
 pub mod topics;
@@ -98,6 +99,7 @@ mod txn;
 pub use crate::config::kafka::{KafkaConfig, KafkaConfigError, ProcessingGuarantee, Role};
 pub use actions::KafkaActions;
 pub use consumer::{KafkaInput, KafkaSource};
+pub use overrides::OverridesTopic;
 pub use producer::KafkaSink;
 pub use tier_counts::TierCountsTopic;
 pub use topics::{

@@ -95,55 +95,13 @@ impl TierCountsTopic {
         if self.checked.swap(true, Ordering::Relaxed) {
             return;
         }
-        let admin: AdminClient<LogContext> = match self
-            .config
-            .client_config(Role::Producer)
-            .create_with_context(LogContext)
-        {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::debug!(error = %e, "kafka: no admin client for the tier-counts topic");
-                return;
-            }
-        };
-        let options = AdminOptions::new().operation_timeout(Some(CREATE_TIMEOUT));
-        let compacted = NewTopic::new(&self.topic, 1, TopicReplication::Fixed(1))
-            .set("cleanup.policy", "compact");
-        let plain = NewTopic::new(&self.topic, 1, TopicReplication::Fixed(1));
-        // A broker that refuses the config (some test brokers) gets the topic plain.
-        for (topic, how) in [
-            (compacted, "compacted"),
-            (
-                plain,
-                "not compacted: the broker refused cleanup.policy=compact",
-            ),
-        ] {
-            let result =
-                tokio::time::timeout(CREATE_TIMEOUT, admin.create_topics([&topic], &options)).await;
-            let code = match result {
-                Ok(Ok(results)) => match results.into_iter().next() {
-                    Some(Ok(name)) => {
-                        tracing::info!(topic = %name, "kafka: created the tier-counts topic (1 partition, {how})");
-                        return;
-                    }
-                    Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) | None => return,
-                    Some(Err((_, code))) => code,
-                },
-                Ok(Err(e)) => {
-                    tracing::debug!(error = %e, "kafka: CreateTopics for the tier-counts topic");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!("kafka: CreateTopics for the tier-counts topic timed out");
-                    return;
-                }
-            };
-            tracing::debug!(error = %code, "kafka: CreateTopics for the tier-counts topic refused");
-        }
-        tracing::warn!(
-            topic = %self.topic,
-            "kafka: cannot create the tier-counts topic; create it (1 partition, cleanup.policy=compact) or set kafka.tier-counts-topic = \"\" to share no counts"
-        );
+        ensure_compacted_topic(
+            &self.config,
+            &self.topic,
+            "tier-counts",
+            "or set kafka.tier-counts-topic = \"\" to share no counts",
+        )
+        .await;
     }
 
     fn reader(&self) -> Result<BaseConsumer<LogContext>, Error> {
@@ -156,6 +114,64 @@ impl TierCountsTopic {
             reason: format!("tier-counts reader: {e}"),
         })
     }
+}
+
+/// Creates `topic` (1 partition, `cleanup.policy=compact`; plain when the broker refuses the
+/// config) unless it exists; logs a warning naming `what` and `hint` when it cannot.
+pub(super) async fn ensure_compacted_topic(
+    config: &KafkaConfig,
+    topic: &str,
+    what: &str,
+    hint: &str,
+) {
+    let admin: AdminClient<LogContext> = match config
+        .client_config(Role::Producer)
+        .create_with_context(LogContext)
+    {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::debug!(error = %e, "kafka: no admin client for the {what} topic");
+            return;
+        }
+    };
+    let options = AdminOptions::new().operation_timeout(Some(CREATE_TIMEOUT));
+    let compacted =
+        NewTopic::new(topic, 1, TopicReplication::Fixed(1)).set("cleanup.policy", "compact");
+    let plain = NewTopic::new(topic, 1, TopicReplication::Fixed(1));
+    // A broker that refuses the config (some test brokers) gets the topic plain.
+    for (new, how) in [
+        (compacted, "compacted"),
+        (
+            plain,
+            "not compacted: the broker refused cleanup.policy=compact",
+        ),
+    ] {
+        let result =
+            tokio::time::timeout(CREATE_TIMEOUT, admin.create_topics([&new], &options)).await;
+        let code = match result {
+            Ok(Ok(results)) => match results.into_iter().next() {
+                Some(Ok(name)) => {
+                    tracing::info!(topic = %name, "kafka: created the {what} topic (1 partition, {how})");
+                    return;
+                }
+                Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) | None => return,
+                Some(Err((_, code))) => code,
+            },
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "kafka: CreateTopics for the {what} topic");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!("kafka: CreateTopics for the {what} topic timed out");
+                return;
+            }
+        };
+        tracing::debug!(error = %code, "kafka: CreateTopics for the {what} topic refused");
+    }
+    tracing::warn!(
+        topic = %topic,
+        "kafka: cannot create the {what} topic; create it (1 partition, cleanup.policy=compact) {hint}"
+    );
 }
 
 fn unavailable(e: impl std::fmt::Display) -> Error {
@@ -316,7 +332,7 @@ fn read_latest_blocking(
 /// The partition count of `topic`, `None` when the cluster says it does not exist.
 ///
 /// Errors: the metadata cannot be read, or names another error for the topic.
-fn topic_partitions(
+pub(super) fn topic_partitions(
     consumer: &BaseConsumer<LogContext>,
     topic: &str,
 ) -> Result<Option<i32>, Error> {

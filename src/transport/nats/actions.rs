@@ -114,7 +114,7 @@ impl ActionChannel for NatsActions {
     fn tail_audit(
         &self,
         since_ms: i64,
-        each: crate::transport::AuditSink,
+        each: crate::transport::AuditCallback,
     ) -> BoxFuture<'_, Result<(), Error>> {
         Box::pin(async move {
             let stream = self

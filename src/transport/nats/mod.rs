@@ -8,8 +8,8 @@
 //! [`producer`] (the sink, and [`publish_upload`] for `settle loadgen --nats` and the tests),
 //! [`changelog`] (the changelog streams, their reader, and the fence),
 //! [`streams`] (streams created or checked at start, [`read_stream`] for tools and tests),
-//! [`tier_counts`] (the KV bucket where instances exchange their tier counts);
-//! this file holds the connection and what they share.
+//! [`tier_counts`] (the KV bucket where instances exchange their tier counts),
+//! [`overrides`] (the KV bucket of the tenant overrides); this file holds the connection and what they share.
 //!
 //! # Subjects and partitions
 //!
@@ -99,12 +99,14 @@ use std::time::Duration;
 pub mod actions;
 pub mod changelog;
 pub mod consumer;
+pub mod overrides;
 pub mod producer;
 pub mod streams;
 pub mod tier_counts;
 
 pub use actions::NatsActions;
 pub use consumer::{NatsInput, NatsSource};
+pub use overrides::OverridesBucket;
 pub use producer::{publish_upload, NatsSink};
 pub use streams::{ensure_input_stream, ensure_streams, read_stream, StreamRecord};
 pub use tier_counts::TierCountsBucket;

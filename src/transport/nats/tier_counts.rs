@@ -56,43 +56,19 @@ impl TierCountsBucket {
         if let Some(store) = &*cached {
             return Ok(store.clone());
         }
-        let opened = match self.js.get_key_value(&self.bucket).await {
-            Ok(store) => store,
-            Err(open_error) => {
-                // The KV stream made by hand: `create_key_value` first asks for the account
-                // info, which async-nats cannot parse from a NATS 2.9 server.
-                let wanted = stream::Config {
-                    name: format!("KV_{}", self.bucket),
-                    description: Some("settle: each instance's tier counts (SEMANTICS §5)".into()),
-                    subjects: vec![format!("$KV.{}.>", self.bucket)],
-                    max_messages_per_subject: 1,
-                    max_age: BUCKET_MAX_AGE,
-                    storage: match self.storage {
-                        Storage::File => stream::StorageType::File,
-                        Storage::Memory => stream::StorageType::Memory,
-                    },
-                    num_replicas: self.replicas.max(1),
-                    allow_rollup: true,
-                    deny_delete: true,
-                    allow_direct: true,
-                    discard: stream::DiscardPolicy::New,
-                    ..stream::Config::default()
-                };
-                if let Err(create_error) = self.js.create_stream(wanted).await {
-                    return Err(unavailable(format!(
-                        "tier-counts bucket {b} can be neither opened ({open_error}) nor created \
-                         ({create_error}); if a stream KV_{b} exists that is not a KV bucket, \
-                         remove it or set nats.tier-counts-bucket to another name",
-                        b = self.bucket
-                    )));
-                }
-                tracing::info!(bucket = %self.bucket, "nats: tier-counts bucket created");
-                self.js
-                    .get_key_value(&self.bucket)
-                    .await
-                    .map_err(|e| unavailable(format!("tier-counts bucket {}: {e}", self.bucket)))?
-            }
-        };
+        let opened = open_bucket(
+            &self.js,
+            &BucketSpec {
+                bucket: &self.bucket,
+                description: "settle: each instance's tier counts (SEMANTICS §5)",
+                max_age: BUCKET_MAX_AGE,
+                storage: self.storage,
+                replicas: self.replicas,
+                key: "nats.tier-counts-bucket",
+                what: "tier-counts",
+            },
+        )
+        .await?;
         *cached = Some(opened.clone());
         Ok(opened)
     }
@@ -100,6 +76,71 @@ impl TierCountsBucket {
     /// Forgets the opened bucket after a failure, so the next use opens (or creates) it again.
     async fn forget(&self) {
         *self.store.lock().await = None;
+    }
+}
+
+/// What [`open_bucket`] opens or creates.
+pub(super) struct BucketSpec<'a> {
+    /// The bucket name.
+    pub bucket: &'a str,
+    /// The KV stream's description.
+    pub description: &'a str,
+    /// How long values are kept (`Duration::ZERO`: forever).
+    pub max_age: Duration,
+    /// `nats.storage`.
+    pub storage: Storage,
+    /// `nats.replicas`.
+    pub replicas: usize,
+    /// The config key that names the bucket (in error messages).
+    pub key: &'a str,
+    /// What the bucket holds, for messages (`tier-counts`, `overrides`).
+    pub what: &'a str,
+}
+
+/// Opens the KV bucket of `spec`, creating it (history 1) when missing.
+///
+/// Errors: [`Error::Unavailable`] naming why it could be neither opened nor created.
+pub(super) async fn open_bucket(
+    js: &jetstream::Context,
+    spec: &BucketSpec<'_>,
+) -> Result<kv::Store, Error> {
+    match js.get_key_value(spec.bucket).await {
+        Ok(store) => Ok(store),
+        Err(open_error) => {
+            // The KV stream made by hand: `create_key_value` first asks for the account
+            // info, which async-nats cannot parse from a NATS 2.9 server.
+            let wanted = stream::Config {
+                name: format!("KV_{}", spec.bucket),
+                description: Some(spec.description.into()),
+                subjects: vec![format!("$KV.{}.>", spec.bucket)],
+                max_messages_per_subject: 1,
+                max_age: spec.max_age,
+                storage: match spec.storage {
+                    Storage::File => stream::StorageType::File,
+                    Storage::Memory => stream::StorageType::Memory,
+                },
+                num_replicas: spec.replicas.max(1),
+                allow_rollup: true,
+                deny_delete: true,
+                allow_direct: true,
+                discard: stream::DiscardPolicy::New,
+                ..stream::Config::default()
+            };
+            if let Err(create_error) = js.create_stream(wanted).await {
+                return Err(unavailable(format!(
+                    "{w} bucket {b} can be neither opened ({open_error}) nor created \
+                     ({create_error}); if a stream KV_{b} exists that is not a KV bucket, \
+                     remove it or set {k} to another name",
+                    w = spec.what,
+                    b = spec.bucket,
+                    k = spec.key,
+                )));
+            }
+            tracing::info!(bucket = %spec.bucket, "nats: {} bucket created", spec.what);
+            js.get_key_value(spec.bucket)
+                .await
+                .map_err(|e| unavailable(format!("{} bucket {}: {e}", spec.what, spec.bucket)))
+        }
     }
 }
 
