@@ -102,6 +102,18 @@ pub const TENANTS_TRACKED: &str = "settle_tenants_tracked";
 pub const TENANTS_DEMOTED: &str = "settle_tenants_demoted";
 /// Gauge `{version}`: always 1; the version of the running binary.
 pub const BUILD_INFO: &str = "settle_build_info";
+/// Counter `{reason}`: admin API requests refused by the credential check (SEMANTICS §7,
+/// `crate::admin::auth`): `missing_token`, `bad_token` (401), `forbidden` (a read token on
+/// an action), `actions_disabled` (`admin.actions = false`) (403).
+pub const ADMIN_REFUSED: &str = "settle_admin_refused_total";
+
+/// Every value of the `reason` label of [`ADMIN_REFUSED`].
+const ADMIN_REFUSED_REASONS: [&str; 4] = [
+    "missing_token",
+    "bad_token",
+    "forbidden",
+    "actions_disabled",
+];
 
 /// Buckets of [`EMISSION_LATENESS`] (seconds).
 const LATENESS_BUCKETS: &[f64] = &[
@@ -193,6 +205,7 @@ struct Inner {
     tier_changes: IntCounterVec,
     tenants_tracked: IntGauge,
     tenants_demoted: IntGauge,
+    admin_refused: IntCounterVec,
     /// Acknowledged emissions and the uploads in them (for [`COALESCING_RATIO`]).
     emitted: AtomicU64,
     coalesced: AtomicU64,
@@ -372,6 +385,14 @@ impl Metrics {
         build_info
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1);
+        let admin_refused = b.counter(
+            ADMIN_REFUSED,
+            "Admin API requests refused by the credential check, by reason (missing_token, bad_token, forbidden, actions_disabled).",
+            &["reason"],
+        );
+        for reason in ADMIN_REFUSED_REASONS {
+            admin_refused.with_label_values(&[reason]);
+        }
         for state in STATES {
             partitions.with_label_values(&[state]).set(0);
         }
@@ -403,11 +424,20 @@ impl Metrics {
                 tier_changes,
                 tenants_tracked,
                 tenants_demoted,
+                admin_refused,
                 emitted: AtomicU64::new(0),
                 coalesced: AtomicU64::new(0),
                 refreshing: Mutex::new(()),
             }),
         }
+    }
+
+    /// The admin API refused a request for `reason` (one of the [`ADMIN_REFUSED`] reasons).
+    pub fn admin_refused(&self, reason: &str) {
+        self.inner
+            .admin_refused
+            .with_label_values(&[reason])
+            .inc();
     }
 
     /// The registry (to gather or encode).

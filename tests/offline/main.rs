@@ -18,6 +18,7 @@ mod runtime_support;
 mod source_support;
 
 mod admin_actions;
+mod admin_auth;
 mod admin_api;
 mod admin_pending;
 mod codec_schema;
