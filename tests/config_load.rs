@@ -103,10 +103,11 @@ fn shipped_file_documents_every_key_with_its_env_var() {
             keys += 1;
         }
     }
-    // transport 1, debounce 6 (max-wait unset), store 4, runtime 4, admin 2, kafka 6 (changelog-topic and
+    // transport 1, debounce 6 (max-wait unset), store 4, runtime 4, admin 4 (tokens and
+    // TLS files unset), kafka 6 (changelog-topic and
     // tier-counts-topic unset), nats 19 (auth and TLS files unset; changelog-stream, changelog-subject-prefix,
     // tier-counts-bucket), tiers 6 (demote-to unset; share-interval), 2 tiers × 2.
-    assert_eq!(keys, 52);
+    assert_eq!(keys, 54);
     assert!(text.contains("SETTLE_DEBOUNCE__MAX_WAIT"));
     assert!(text.contains("SETTLE_TIERS__DEMOTE_TO"));
     assert!(text.contains("SETTLE_KAFKA__CHANGELOG_TOPIC"));
