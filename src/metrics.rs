@@ -737,7 +737,7 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), n);
-        assert_eq!(n, 22);
+        assert_eq!(n, 23);
     }
 
     #[test]

@@ -236,7 +236,7 @@ impl Credentials {
             return Err(bad(format!("credential name {name:?} appears twice")));
         }
         let digest = digest(token.as_bytes());
-        if self.entries.iter().any(|c| bool::from(c.digest.ct_eq(&digest))) {
+        if self.entries.iter().any(|c| bool::from(c.digest[..].ct_eq(&digest[..]))) {
             return Err(bad(format!(
                 "the token of {name:?} is also another credential's: every name needs its own token"
             )));
@@ -268,7 +268,7 @@ impl Credentials {
         let presented = digest(token.as_bytes());
         let mut found: Option<&Credential> = None;
         for c in &self.entries {
-            if bool::from(c.digest.ct_eq(&presented)) {
+            if bool::from(c.digest[..].ct_eq(&presented[..])) {
                 found = Some(c);
             }
         }

@@ -117,7 +117,7 @@ impl AdminState {
 /// The routes, for [`AdminServer`] or a test, behind the [`auth`] layer (the outermost: it
 /// sees every request, the unknown paths' too).
 pub fn router(state: AdminState) -> axum::Router {
-    let auth = axum::middleware::from_fn_with_state(state.clone(), auth::layer);
+    let checked = axum::middleware::from_fn_with_state(state.clone(), auth::layer);
     axum::Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
@@ -134,7 +134,7 @@ pub fn router(state: AdminState) -> axum::Router {
         .route("/v1/sessions/{tenant}/{*session}", get(views::session))
         .fallback(not_found)
         .with_state(state)
-        .layer(auth)
+        .layer(checked)
 }
 
 /// What `settle run` will serve with `config`, checked before anything starts: the tokens

@@ -314,23 +314,23 @@ impl Client {
     /// 401/403 (what to do about the token); any other status ≥ 400 with the API's message.
     pub fn send(&self, method: &str, path: &str, body: &Value) -> anyhow::Result<Answer> {
         let url = format!("{}{path}", self.base);
-        let request = ureq::http::Request::builder()
-            .method(method)
-            .uri(&url)
-            .header("Content-Type", "application/json");
-        let request = match &self.token {
-            Some(t) => request.header("Authorization", format!("Bearer {t}")),
-            None => request,
-        };
-        let text = if body.is_null() {
-            String::new()
+        let mut request = ureq::http::Request::builder().method(method).uri(&url);
+        if let Some(t) = &self.token {
+            request = request.header("Authorization", format!("Bearer {t}"));
+        }
+        let sent = if body.is_null() {
+            let request = request
+                .body(())
+                .with_context(|| format!("{method} {url}: not a valid request"))?;
+            self.agent.run(request)
         } else {
-            body.to_string()
+            let request = request
+                .header("Content-Type", "application/json")
+                .body(body.to_string())
+                .with_context(|| format!("{method} {url}: not a valid request"))?;
+            self.agent.run(request)
         };
-        let request = request
-            .body(text)
-            .with_context(|| format!("{method} {url}: not a valid request"))?;
-        self.answer(&url, self.agent.run(request))
+        self.answer(&url, sent)
     }
 
     fn answer(
@@ -366,7 +366,7 @@ impl Client {
 fn unreachable(url: &str, e: ureq::Error) -> anyhow::Error {
     let refused = match &e {
         ureq::Error::Io(io) => io.kind() == std::io::ErrorKind::ConnectionRefused,
-        _ => false,
+        other => other.to_string().to_ascii_lowercase().contains("connection refused"),
     };
     if refused {
         anyhow!("cannot reach the admin API at {url}: connection refused (is `settle run` running, and is --url / SETTLE_ADMIN_URL its admin.listen?)")

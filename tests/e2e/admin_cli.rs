@@ -153,8 +153,8 @@ async fn admin_cli_against_a_running_instance() -> Result<()> {
         );
         let mut whoami = settle();
         whoami.env("SETTLE_ADMIN_TOKEN", TOKEN).args(["admin", "--url", &url, "whoami"]);
-        let me = finish(&mut whoami)?;
-        ensure!(String::from_utf8(me.stdout)?.starts_with("alice (operator)"), "{me:?}");
+        let me = String::from_utf8(finish(&mut whoami)?.stdout)?;
+        ensure!(me.starts_with("alice (operator)"), "{me}");
         let audit = admin(&url, tf, &["audit", "--limit", "50"])?.map_err(anyhow::Error::msg)?;
         ensure!(
             audit.lines().any(|l| l.contains("alice") && l.contains("accepted") && l.contains("cli-1")),
