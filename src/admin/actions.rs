@@ -191,7 +191,13 @@ pub(super) async fn post(
         Ok(Json(r)) => r,
         // 400 for a body that is not the JSON above (the text names the field), 415
         // without `Content-Type: application/json`.
-        Err(e) => return refuse(e.status(), e.body_text(), new_request_id(now)).await,
+        Err(e) => {
+            let code = match e.status() {
+                StatusCode::UNSUPPORTED_MEDIA_TYPE => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                _ => StatusCode::BAD_REQUEST,
+            };
+            return refuse(code, e.body_text(), new_request_id(now)).await;
+        }
     };
     let request_id = req
         .request_id
