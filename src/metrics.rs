@@ -434,10 +434,7 @@ impl Metrics {
 
     /// The admin API refused a request for `reason` (one of the [`ADMIN_REFUSED`] reasons).
     pub fn admin_refused(&self, reason: &str) {
-        self.inner
-            .admin_refused
-            .with_label_values(&[reason])
-            .inc();
+        self.inner.admin_refused.with_label_values(&[reason]).inc();
     }
 
     /// The registry (to gather or encode).

@@ -457,7 +457,10 @@ fn admin_tokens_are_named_never_shown_and_a_public_address_needs_one() {
         settle::cli::check_config::run(Path::new("settle.toml"), &mut out)
             .map_err(|e| e.to_string())?;
         let out = String::from_utf8(out).map_err(|e| e.to_string())?;
-        assert!(!out.contains("s3cret"), "check-config shows a token:\n{out}");
+        assert!(
+            !out.contains("s3cret"),
+            "check-config shows a token:\n{out}"
+        );
         assert!(
             out.contains("admin: http://0.0.0.0:9464")
                 && out.contains("actions on, reads open")

@@ -31,10 +31,10 @@
 
 use super::{error, rfc3339, AdminState, Operator};
 use crate::codec::action::{
-    ActionKind, ActionOutcome, ActionRecord, AuditRecord, AuditStage, SessionFilter,
-    BULK_LIMIT_MAX,
+    ActionKind, ActionOutcome, ActionRecord, AuditRecord, AuditStage, SessionFilter, BULK_LIMIT_MAX,
 };
 use crate::engine::Millis;
+use crate::runtime::actions::RECENT_AUDIT;
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -42,7 +42,6 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use crate::runtime::actions::RECENT_AUDIT;
 use std::time::Duration;
 
 /// Default wait for the outcomes (ms).
@@ -160,10 +159,7 @@ pub(super) async fn post(
     operator: Option<Extension<Operator>>,
     body: Result<Json<ActionRequest>, JsonRejection>,
 ) -> Response {
-    let who = operator.map_or_else(
-        || super::auth::ANONYMOUS.to_owned(),
-        |Extension(o)| o.name,
-    );
+    let who = operator.map_or_else(|| super::auth::ANONYMOUS.to_owned(), |Extension(o)| o.name);
     let now = (s.wall)();
     let refuse = |code: StatusCode, why: String, request_id: String| {
         let s = s.clone();
@@ -391,10 +387,10 @@ pub(super) async fn audit_tail(
             return error(
                 StatusCode::BAD_REQUEST,
                 format!(
-                    "{} (the parameters are limit, 1 to {}, and stage: accepted, refused or applied)",
-                    e.body_text(),
-                    RECENT_AUDIT
-                ),
+                "{} (the parameters are limit, 1 to {}, and stage: accepted, refused or applied)",
+                e.body_text(),
+                RECENT_AUDIT
+            ),
             )
         }
     };

@@ -205,7 +205,7 @@ impl Credentials {
         };
         let Some((name, rest)) = entry.split_once(':') else {
             return Err(bad(
-                "expected NAME:TOKEN or NAME:read:TOKEN (no ':' found)".into(),
+                "expected NAME:TOKEN or NAME:read:TOKEN (no ':' found)".into()
             ));
         };
         let name = name.trim();
@@ -236,7 +236,11 @@ impl Credentials {
             return Err(bad(format!("credential name {name:?} appears twice")));
         }
         let digest = digest(token.as_bytes());
-        if self.entries.iter().any(|c| bool::from(c.digest[..].ct_eq(&digest[..]))) {
+        if self
+            .entries
+            .iter()
+            .any(|c| bool::from(c.digest[..].ct_eq(&digest[..])))
+        {
             return Err(bad(format!(
                 "the token of {name:?} is also another credential's: every name needs its own token"
             )));
@@ -480,9 +484,7 @@ pub(super) async fn layer(State(s): State<AdminState>, mut req: Request, next: N
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    let decided = s
-        .auth
-        .decide(req.method(), req.uri().path(), authorization);
+    let decided = s.auth.decide(req.method(), req.uri().path(), authorization);
     match decided {
         Ok(operator) => {
             req.extensions_mut().insert(operator);
@@ -562,10 +564,7 @@ mod tests {
     #[test]
     fn entries_parse_with_roles_and_errors_never_show_the_token() {
         let c = creds();
-        assert_eq!(
-            c.names(),
-            [("alice", Role::Operator), ("prom", Role::Read)]
-        );
+        assert_eq!(c.names(), [("alice", Role::Operator), ("prom", Role::Read)]);
         assert_eq!(c.check(OP).unwrap().name, "alice");
         assert_eq!(c.check(RD).unwrap().role, Role::Read);
         assert!(c.check("0123456789abcdef-nobody").is_none());
@@ -577,7 +576,10 @@ mod tests {
             .add_entry(&format!("bob:{secret}"), "SETTLE_ADMIN_TOKENS entry 1")
             .unwrap_err()
             .to_string();
-        assert!(e.contains("SETTLE_ADMIN_TOKENS entry 1") && e.contains("16 bytes"), "{e}");
+        assert!(
+            e.contains("SETTLE_ADMIN_TOKENS entry 1") && e.contains("16 bytes"),
+            "{e}"
+        );
         assert!(!e.contains(secret), "{e}");
         let e = c2.add_entry("no-colon", "x").unwrap_err().to_string();
         assert!(e.contains("NAME:TOKEN"), "{e}");
@@ -603,17 +605,26 @@ mod tests {
     fn a_tokens_file_has_comments_and_names_its_line() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tokens");
-        std::fs::write(&path, format!("# operators\n\nalice:{OP}\nprom:read:{RD}\nbroken\n"))
-            .unwrap();
+        std::fs::write(
+            &path,
+            format!("# operators\n\nalice:{OP}\nprom:read:{RD}\nbroken\n"),
+        )
+        .unwrap();
         let mut c = Credentials::default();
         let e = c.add_file(&path).unwrap_err().to_string();
-        assert!(e.contains("line 5") && e.contains("admin.tokens-file"), "{e}");
+        assert!(
+            e.contains("line 5") && e.contains("admin.tokens-file"),
+            "{e}"
+        );
         assert_eq!(c.names().len(), 2);
         let e = Credentials::default()
             .add_file(&dir.path().join("missing"))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("admin.tokens-file") && e.contains("missing"), "{e}");
+        assert!(
+            e.contains("admin.tokens-file") && e.contains("missing"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -650,7 +661,9 @@ mod tests {
             Refusal::MissingToken
         );
         assert_eq!(
-            auth.decide(&post, "/v1/actions", Some(&bearer_op)).unwrap().name,
+            auth.decide(&post, "/v1/actions", Some(&bearer_op))
+                .unwrap()
+                .name,
             "alice"
         );
         assert_eq!(
@@ -665,7 +678,9 @@ mod tests {
             refused(protected.decide(&get, "/metrics", None)).0,
             Refusal::MissingToken
         );
-        assert!(protected.decide(&get, "/v1/pending", Some(&bearer_rd)).is_ok());
+        assert!(protected
+            .decide(&get, "/v1/pending", Some(&bearer_rd))
+            .is_ok());
         // Actions off: refused whoever asks, but whoami still answers.
         let off = Auth::new(creds(), false, false);
         assert_eq!(
@@ -685,7 +700,10 @@ mod tests {
     fn start_refused_on_a_public_address_without_a_token() {
         let public: SocketAddr = "0.0.0.0:9464".parse().unwrap();
         let local: SocketAddr = "127.0.0.1:9464".parse().unwrap();
-        let e = Auth::default().check_listen(public).unwrap_err().to_string();
+        let e = Auth::default()
+            .check_listen(public)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("admin.tokens-file")
                 && e.contains(TOKENS_ENV)

@@ -366,7 +366,10 @@ impl Client {
 fn unreachable(url: &str, e: ureq::Error) -> anyhow::Error {
     let refused = match &e {
         ureq::Error::Io(io) => io.kind() == std::io::ErrorKind::ConnectionRefused,
-        other => other.to_string().to_ascii_lowercase().contains("connection refused"),
+        other => other
+            .to_string()
+            .to_ascii_lowercase()
+            .contains("connection refused"),
     };
     if refused {
         anyhow!("cannot reach the admin API at {url}: connection refused (is `settle run` running, and is --url / SETTLE_ADMIN_URL its admin.listen?)")
@@ -442,9 +445,7 @@ pub fn run(args: &AdminArgs, out: &mut impl Write) -> anyhow::Result<()> {
         AdminCommand::Partitions => print_partitions(b, out)?,
         AdminCommand::Pending(p) if p.summary => print_summary(b, out)?,
         AdminCommand::Pending(_) => print_pending(b, out)?,
-        AdminCommand::Flush(_) | AdminCommand::Cancel(_) => {
-            print_action(answer.status, b, out)?
-        }
+        AdminCommand::Flush(_) | AdminCommand::Cancel(_) => print_action(answer.status, b, out)?,
         AdminCommand::Audit(_) => print_audit(b, out)?,
     }
     Ok(())
@@ -726,6 +727,7 @@ fn print_audit(b: &Value, out: &mut impl Write) -> std::io::Result<()> {
                 text(&r["stage"]),
                 text(&r["action"]),
                 text(&r["request_id"]),
+                text(&r["result"]["partition"]),
                 result,
                 text(&r["reason"]),
             ]
@@ -739,6 +741,7 @@ fn print_audit(b: &Value, out: &mut impl Write) -> std::io::Result<()> {
             "STAGE",
             "ACTION",
             "REQUEST_ID",
+            "PARTITION",
             "RESULT",
             "REASON",
         ],
@@ -756,7 +759,10 @@ mod tests {
         table(
             &mut out,
             &["KEY", "N"],
-            &[vec!["acme/build-4711".into(), "3".into()], vec!["a/b".into(), "12".into()]],
+            &[
+                vec!["acme/build-4711".into(), "3".into()],
+                vec!["a/b".into(), "12".into()],
+            ],
         )
         .unwrap();
         let text = String::from_utf8(out).unwrap();
@@ -777,17 +783,29 @@ mod tests {
             limit: None,
             wait: Some(Duration::from_secs(2)),
         };
-        assert!(action_body("flush", &a).unwrap_err().to_string().contains("--session"));
+        assert!(action_body("flush", &a)
+            .unwrap_err()
+            .to_string()
+            .contains("--session"));
         a.filter.tenant = Some("acme".into());
         a.filter.due_before = Some("2026-01-01T00:00:00Z".into());
         let b = action_body("cancel", &a).unwrap();
         assert_eq!(b["filter"]["tenant"], "acme");
         assert_eq!(b["filter"]["due_before"], 1_767_225_600_000_i64);
-        assert_eq!((b["wait_ms"].as_u64(), b["dry_run"].as_bool()), (Some(2000), Some(true)));
+        assert_eq!(
+            (b["wait_ms"].as_u64(), b["dry_run"].as_bool()),
+            (Some(2000), Some(true))
+        );
         a.session = Some("acme/s".into());
-        assert!(action_body("flush", &a).unwrap_err().to_string().contains("not both"));
+        assert!(action_body("flush", &a)
+            .unwrap_err()
+            .to_string()
+            .contains("not both"));
         a.session = None;
         a.filter.due_before = Some("yesterday".into());
-        assert!(action_body("flush", &a).unwrap_err().to_string().contains("--due-before"));
+        assert!(action_body("flush", &a)
+            .unwrap_err()
+            .to_string()
+            .contains("--due-before"));
     }
 }

@@ -328,7 +328,10 @@ mod tests {
         assert!(none.is_empty());
         let latest = log.latest(2, None);
         assert_eq!(
-            latest.iter().map(|r| r.request_id.as_str()).collect::<Vec<_>>(),
+            latest
+                .iter()
+                .map(|r| r.request_id.as_str())
+                .collect::<Vec<_>>(),
             ["r2", "r1"],
             "newest first"
         );

@@ -979,7 +979,7 @@ impl super::ActionChannel for MemoryActions {
     fn tail_audit(
         &self,
         _since_ms: i64,
-        _each: Box<dyn Fn(&[u8]) + Send + Sync>,
+        _each: super::AuditFeed,
     ) -> BoxFuture<'_, Result<(), Error>> {
         Box::pin(async { Ok(()) })
     }

@@ -519,12 +519,11 @@ pub trait ActionChannel: Send + Sync + 'static {
     /// process sees its own records.
     ///
     /// Errors: the audit log cannot be read (the caller retries after a backoff).
-    fn tail_audit(
-        &self,
-        since_ms: i64,
-        each: Box<dyn Fn(&[u8]) + Send + Sync>,
-    ) -> BoxFuture<'_, Result<(), Error>>;
+    fn tail_audit(&self, since_ms: i64, each: AuditFeed) -> BoxFuture<'_, Result<(), Error>>;
 }
+
+/// What [`ActionChannel::tail_audit`] calls with each audit record's JSON payload.
+pub type AuditFeed = Box<dyn Fn(&[u8]) + Send + Sync>;
 
 /// The snapshots published after [`TierCounts::subscribe`], in the order the log has them.
 pub trait TierCountsFeed: Send {

@@ -118,62 +118,113 @@ async fn admin_cli_against_a_running_instance() -> Result<()> {
             .filter_map(|r| r["key"].as_str())
             .collect();
         ensure!(keys.contains(&"acme/build-4711"), "{json}");
-        let table = admin(&url, None, &["pending", "--tenant", "acme"])?.map_err(anyhow::Error::msg)?;
+        let table =
+            admin(&url, None, &["pending", "--tenant", "acme"])?.map_err(anyhow::Error::msg)?;
         ensure!(
-            table.starts_with("KEY") && table.contains("acme/build-4711") && table.contains("2 round(s)"),
+            table.starts_with("KEY")
+                && table.contains("acme/build-4711")
+                && table.contains("2 round(s)"),
             "{table}"
         );
         let summary = admin(&url, None, &["pending", "--summary"])?.map_err(anyhow::Error::msg)?;
-        ensure!(summary.contains("TIER") && summary.contains("all"), "{summary}");
+        ensure!(
+            summary.contains("TIER") && summary.contains("all"),
+            "{summary}"
+        );
         let parts = admin(&url, None, &["partitions"])?.map_err(anyhow::Error::msg)?;
-        ensure!(parts.contains("PARTITION") && parts.lines().count() == 3, "{parts}");
+        ensure!(
+            parts.contains("PARTITION") && parts.lines().count() == 3,
+            "{parts}"
+        );
 
         // Actions: a token needed, then done and said.
-        let e = admin(&url, None, &["flush", "--session", "acme/build-4711", "--reason", "late"])?
-            .expect_err("no token");
+        let e = admin(
+            &url,
+            None,
+            &["flush", "--session", "acme/build-4711", "--reason", "late"],
+        )?
+        .expect_err("no token");
         ensure!(e.contains("401") && e.contains("--token-file"), "{e}");
         let flushed = admin(
             &url,
             tf,
-            &["flush", "--session", "acme/build-4711", "--reason", "results never arrived", "--request-id", "cli-1"],
+            &[
+                "flush",
+                "--session",
+                "acme/build-4711",
+                "--reason",
+                "results never arrived",
+                "--request-id",
+                "cli-1",
+            ],
         )?
         .map_err(anyhow::Error::msg)?;
         ensure!(
-            flushed.contains("request cli-1") && flushed.contains("flushed") && flushed.contains("RESULT"),
+            flushed.contains("request cli-1")
+                && flushed.contains("flushed")
+                && flushed.contains("RESULT"),
             "{flushed}"
         );
-        let dry = admin(&url, tf, &["cancel", "--tenant", "acme", "--reason", "bad data", "--dry-run", "--json"])?
-            .map_err(anyhow::Error::msg)?;
+        let dry = admin(
+            &url,
+            tf,
+            &[
+                "cancel",
+                "--tenant",
+                "acme",
+                "--reason",
+                "bad data",
+                "--dry-run",
+                "--json",
+            ],
+        )?
+        .map_err(anyhow::Error::msg)?;
         let dry: serde_json::Value = serde_json::from_str(dry.trim())?;
         ensure!(dry["result"] == "would_do" && dry["sessions"] == 1, "{dry}");
-        let missing = finish(settle().args(["admin", "--url", &url, "cancel", "--session", "acme/x"]))?;
+        let missing =
+            finish(settle().args(["admin", "--url", &url, "cancel", "--session", "acme/x"]))?;
         ensure!(
-            !missing.status.success() && String::from_utf8_lossy(&missing.stderr).contains("--reason"),
+            !missing.status.success()
+                && String::from_utf8_lossy(&missing.stderr).contains("--reason"),
             "--reason is required"
         );
         let mut whoami = settle();
-        whoami.env("SETTLE_ADMIN_TOKEN", TOKEN).args(["admin", "--url", &url, "whoami"]);
+        whoami
+            .env("SETTLE_ADMIN_TOKEN", TOKEN)
+            .args(["admin", "--url", &url, "whoami"]);
         let me = String::from_utf8(finish(&mut whoami)?.stdout)?;
         ensure!(me.starts_with("alice (operator)"), "{me}");
         let audit = admin(&url, tf, &["audit", "--limit", "50"])?.map_err(anyhow::Error::msg)?;
         ensure!(
-            audit.lines().any(|l| l.contains("alice") && l.contains("accepted") && l.contains("cli-1")),
+            audit
+                .lines()
+                .any(|l| l.contains("alice") && l.contains("accepted") && l.contains("cli-1")),
             "{audit}"
         );
         ensure!(
-            audit.lines().any(|l| l.contains("anonymous") && l.contains("refused")),
+            audit
+                .lines()
+                .any(|l| l.contains("anonymous") && l.contains("refused")),
             "{audit}"
         );
 
         // Errors that say what to do.
-        let e = admin(&url, None, &["pending", "--tenant", "bad tenant!"])?.expect_err("bad tenant");
+        let e =
+            admin(&url, None, &["pending", "--tenant", "bad tenant!"])?.expect_err("bad tenant");
         ensure!(e.contains("400") && e.contains("tenant"), "{e}");
         let wrong = dir_file_with(&token_file, "alice-not-the-right-token-0000")?;
-        let e = admin(&url, Some(&wrong), &["flush", "--session", "acme/build-4712", "--reason", "x"])?
-            .expect_err("wrong token");
+        let e = admin(
+            &url,
+            Some(&wrong),
+            &["flush", "--session", "acme/build-4712", "--reason", "x"],
+        )?
+        .expect_err("wrong token");
         ensure!(e.contains("401") && e.contains("refused"), "{e}");
         let e = admin("http://127.0.0.1:1", None, &["whoami"])?.expect_err("nobody there");
-        ensure!(e.contains("connection refused") && e.contains("127.0.0.1:1"), "{e}");
+        ensure!(
+            e.contains("connection refused") && e.contains("127.0.0.1:1"),
+            "{e}"
+        );
         Ok(())
     })
     .await?;
@@ -244,7 +295,11 @@ fn consume_reads_the_audit_subject() -> Result<()> {
         "--from-beginning",
         "--exit-at-end",
     ]))?;
-    ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout)?;
     let read: Vec<AuditRecord> = text
         .lines()

@@ -114,7 +114,7 @@ async fn flush_cancel_retry_and_bulk_through_the_input() {
     );
     pending(7).await;
     tokio::time::timeout(PATIENCE, async {
-        while manual(&broker).len() < 1 {
+        while manual(&broker).is_empty() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
@@ -355,15 +355,9 @@ async fn flush_cancel_retry_and_bulk_through_the_input() {
         );
     }
     // Without `Content-Type: application/json`: 415, saying what is expected.
-    let (code, text) = crate::admin_support::try_request(
-        addr,
-        "POST",
-        "/v1/actions",
-        &[],
-        None,
-    )
-    .await
-    .unwrap();
+    let (code, text) = crate::admin_support::try_request(addr, "POST", "/v1/actions", &[], None)
+        .await
+        .unwrap();
     assert_eq!(code, 415, "{text}");
     assert!(text.contains("application/json"), "{text}");
     assert!(

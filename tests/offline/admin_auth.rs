@@ -71,10 +71,7 @@ async fn call(
 async fn refused_count(addr: SocketAddr, reason: &str) -> f64 {
     let (code, _, text) = call(addr, "GET", "/metrics", None, None).await;
     assert_eq!(code, 200);
-    Scrape::parse(text.as_str().unwrap()).sum(
-        settle::metrics::ADMIN_REFUSED,
-        &[("reason", reason)],
-    )
+    Scrape::parse(text.as_str().unwrap()).sum(settle::metrics::ADMIN_REFUSED, &[("reason", reason)])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -120,7 +117,8 @@ async fn actions_need_an_operator_token_and_every_refusal_is_on_the_record() {
     let before = ends(&broker);
 
     // Refused: no token, a wrong one, a read token. Nothing reaches the input.
-    let flush = json!({"kind": "flush", "session": "acme/s1", "reason": "late", "request_id": "r-1"});
+    let flush =
+        json!({"kind": "flush", "session": "acme/s1", "reason": "late", "request_id": "r-1"});
     let (code, head, body) = call(addr, "POST", "/v1/actions", None, Some(&flush)).await;
     assert_eq!(code, 401, "{body}");
     assert!(head.contains("www-authenticate: bearer"), "{head}");
@@ -137,7 +135,10 @@ async fn actions_need_an_operator_token_and_every_refusal_is_on_the_record() {
     assert!(head.contains("invalid_token"), "{head}");
     let (code, _, body) = call(addr, "POST", "/v1/actions", Some(READ_TOKEN), Some(&flush)).await;
     assert_eq!(code, 403, "{body}");
-    assert!(body["error"].as_str().unwrap().contains("read role"), "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("read role"),
+        "{body}"
+    );
     // A route added later under /v1 (tenant overrides) is covered without naming it.
     let (code, _, _) = call(
         addr,
@@ -201,8 +202,14 @@ async fn actions_need_an_operator_token_and_every_refusal_is_on_the_record() {
         .filter(|r| r.request_id == "r-1")
         .map(|r| (r.stage, r.who))
         .collect();
-    assert!(named.contains(&(AuditStage::Accepted, "alice".into())), "{named:?}");
-    assert!(named.contains(&(AuditStage::Applied, "alice".into())), "{named:?}");
+    assert!(
+        named.contains(&(AuditStage::Accepted, "alice".into())),
+        "{named:?}"
+    );
+    assert!(
+        named.contains(&(AuditStage::Applied, "alice".into())),
+        "{named:?}"
+    );
     tokio::time::timeout(PATIENCE, async {
         while !emitted(&broker)
             .iter()
@@ -237,7 +244,12 @@ async fn actions_need_an_operator_token_and_every_refusal_is_on_the_record() {
     let (code, only) = get_json(addr, "/v1/audit?stage=refused&limit=100").await;
     assert_eq!(code, 200);
     assert_eq!(only["records"].as_array().unwrap().len(), 5, "{only}");
-    for bad in ["/v1/audit?limit=0", "/v1/audit?limit=x", "/v1/audit?stage=gone", "/v1/audit?colour=1"] {
+    for bad in [
+        "/v1/audit?limit=0",
+        "/v1/audit?limit=x",
+        "/v1/audit?stage=gone",
+        "/v1/audit?colour=1",
+    ] {
         let (code, answer) = get_json(addr, bad).await;
         assert_eq!(code, 400, "{bad}: {answer}");
         assert!(!answer["error"].as_str().unwrap().is_empty());
@@ -287,16 +299,37 @@ async fn protected_reads_and_disabled_actions() {
         assert_eq!(code, 200, "{path} with a read token");
     }
     let body = json!({"kind": "cancel", "session": "acme/s", "reason": "x"});
-    let (code, _, answer) =
-        call(addr, "POST", "/v1/actions", Some(OPERATOR_TOKEN), Some(&body)).await;
+    let (code, _, answer) = call(
+        addr,
+        "POST",
+        "/v1/actions",
+        Some(OPERATOR_TOKEN),
+        Some(&body),
+    )
+    .await;
     assert_eq!(code, 403, "{answer}");
-    assert!(answer["error"].as_str().unwrap().contains("admin.actions = false"));
+    assert!(answer["error"]
+        .as_str()
+        .unwrap()
+        .contains("admin.actions = false"));
     let (code, _, me) = call(addr, "POST", "/v1/whoami", Some(OPERATOR_TOKEN), None).await;
     assert_eq!((code, &me["actions"]), (200, &json!(false)), "{me}");
     let (_, _, metrics) = call(addr, "GET", "/metrics", Some(READ_TOKEN), None).await;
     let m = Scrape::parse(metrics.as_str().unwrap());
-    assert_eq!(m.sum(settle::metrics::ADMIN_REFUSED, &[("reason", "actions_disabled")]), 1.0);
-    assert_eq!(m.sum(settle::metrics::ADMIN_REFUSED, &[("reason", "missing_token")]), 4.0);
+    assert_eq!(
+        m.sum(
+            settle::metrics::ADMIN_REFUSED,
+            &[("reason", "actions_disabled")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        m.sum(
+            settle::metrics::ADMIN_REFUSED,
+            &[("reason", "missing_token")]
+        ),
+        4.0
+    );
     server.stop().await;
 }
 
@@ -309,7 +342,9 @@ async fn no_start_on_a_public_address_with_actions_and_no_token() {
         .unwrap_err()
         .to_string();
     assert!(
-        e.contains("admin.tokens-file") && e.contains("SETTLE_ADMIN_TOKENS") && e.contains("admin.actions = false"),
+        e.contains("admin.tokens-file")
+            && e.contains("SETTLE_ADMIN_TOKENS")
+            && e.contains("admin.actions = false"),
         "{e}"
     );
     // With a token, or with actions off, it starts.
@@ -375,9 +410,15 @@ async fn tls_serves_with_a_test_certificate() {
     let e = tls::server_config(&tls_file("missing.pem"), &tls_file("server-key.pem"))
         .unwrap_err()
         .to_string();
-    assert!(e.contains("admin.tls-cert-file") && e.contains("missing.pem"), "{e}");
+    assert!(
+        e.contains("admin.tls-cert-file") && e.contains("missing.pem"),
+        "{e}"
+    );
     let e = tls::server_config(&tls_file("server.pem"), &tls_file("ca.pem"))
         .unwrap_err()
         .to_string();
-    assert!(e.contains("admin.tls-key-file") && e.contains("ca.pem"), "{e}");
+    assert!(
+        e.contains("admin.tls-key-file") && e.contains("ca.pem"),
+        "{e}"
+    );
 }

@@ -18,8 +18,8 @@ mod runtime_support;
 mod source_support;
 
 mod admin_actions;
-mod admin_auth;
 mod admin_api;
+mod admin_auth;
 mod admin_pending;
 mod codec_schema;
 mod engine_model;

@@ -126,7 +126,7 @@ impl ActionChannel for KafkaActions {
     fn tail_audit(
         &self,
         since_ms: i64,
-        each: Box<dyn Fn(&[u8]) + Send + Sync>,
+        each: crate::transport::AuditFeed,
     ) -> BoxFuture<'_, Result<(), Error>> {
         Box::pin(async move {
             let unavailable = |what: &str, e: String| Error::Unavailable {

@@ -114,7 +114,7 @@ impl ActionChannel for NatsActions {
     fn tail_audit(
         &self,
         since_ms: i64,
-        each: Box<dyn Fn(&[u8]) + Send + Sync>,
+        each: crate::transport::AuditFeed,
     ) -> BoxFuture<'_, Result<(), Error>> {
         Box::pin(async move {
             let stream = self
