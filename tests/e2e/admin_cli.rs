@@ -4,9 +4,12 @@
 //! session's key, `flush` acts and says so, `audit` names the token's owner; a missing
 //! token, a refused one, a bad filter and an unreachable server each fail with a message
 //! that says what to do. `settle run` refuses to start with actions on a public address and
-//! no token; `settle consume` reads the audit subject back (NATS, `SETTLE_TEST_NATS`).
+//! no token; on NATS (`SETTLE_TEST_NATS`) `settle run` serves its admin API over TLS with
+//! tokens from a file and the environment (the CLI verifies it with the test CA), and
+//! `settle consume` reads the audit subject back.
 
 use crate::nats_support::{server, Setup};
+use crate::process_support::start_run_logged;
 use crate::runtime_support::*;
 use anyhow::{ensure, Context as _, Result};
 use settle::admin::auth::Credentials;
@@ -311,5 +314,151 @@ fn consume_reads_the_audit_subject() -> Result<()> {
         let _ = setup.js.delete_stream(&stream).await;
         setup.cleanup().await;
     });
+    Ok(())
+}
+
+fn tls_file(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/admin-tls")
+        .join(name)
+}
+
+#[test]
+fn settle_run_serves_its_admin_api_over_tls_with_tokens() -> Result<()> {
+    let Some(addr) = server("settle_run_serves_its_admin_api_over_tls_with_tokens") else {
+        return Ok(());
+    };
+    const READ: &str = "prom-e2e-0123456789abcdef0123";
+    let rt = tokio::runtime::Runtime::new()?;
+    let setup = rt.block_on(Setup::new(&addr, "admintls", Storage::Memory, 2))?;
+    let dir = tempfile::tempdir()?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, format!("# operators\nalice:{TOKEN}\n"))?;
+    let config = dir.path().join("settle.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"transport = "nats"
+[debounce]
+policy = "fixed"
+delay = "1h"
+[store]
+data-dir = "{data}"
+[runtime]
+shutdown-deadline = "10s"
+[admin]
+listen = "127.0.0.1:{port}"
+tokens-file = "{tokens}"
+tls-cert-file = "{cert}"
+tls-key-file = "{key}"
+{sections}"#,
+            data = dir.path().join("data").display(),
+            tokens = tokens.display(),
+            cert = tls_file("server.pem").display(),
+            key = tls_file("server-key.pem").display(),
+            sections = setup.run_config_sections(0, 1),
+        ),
+    )?;
+    let log = dir.path().join("run.log");
+    let listen = format!("127.0.0.1:{port}");
+    let mut child = start_run_logged(
+        &config,
+        &[
+            ("SETTLE_ADMIN__LISTEN", listen.as_str()),
+            ("SETTLE_ADMIN_TOKENS", &format!("prom:read:{READ}")),
+        ],
+        &log,
+    )?;
+    let result = (|| -> Result<()> {
+        rt.block_on(setup.publish(
+            "acme/build-4711",
+            upload("acme", "build-4711").as_bytes(),
+            None,
+        ))?;
+        let url = format!("https://{listen}");
+        let ca = tls_file("ca.pem");
+        let cli = |token: Option<&str>, args: &[&str]| -> Result<Output> {
+            let mut c = settle();
+            c.args(["admin", "--url", &url, "--ca-file"]).arg(&ca);
+            if let Some(t) = token {
+                c.env("SETTLE_ADMIN_TOKEN", t);
+            }
+            finish(c.args(args))
+        };
+        // Until the instance serves and has read the upload.
+        let started = Instant::now();
+        loop {
+            let out = cli(None, &["pending", "--json"])?;
+            let text = String::from_utf8_lossy(&out.stdout);
+            if out.status.success() && text.contains("acme/build-4711") {
+                break;
+            }
+            ensure!(
+                started.elapsed() < Duration::from_secs(60),
+                "no pending round after 60 s: {}; log: {}",
+                String::from_utf8_lossy(&out.stderr),
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let me = cli(Some(READ), &["whoami"])?;
+        ensure!(
+            String::from_utf8(me.stdout)?.starts_with("prom (read)"),
+            "whoami"
+        );
+        let args = ["flush", "--session", "acme/build-4711", "--reason", "INC-1"];
+        let refused = cli(None, &args)?;
+        ensure!(
+            String::from_utf8(refused.stderr)?.contains("401"),
+            "no token: 401"
+        );
+        let refused = cli(Some(READ), &args)?;
+        ensure!(
+            String::from_utf8(refused.stderr)?.contains("403"),
+            "read token: 403"
+        );
+        let done = cli(Some(TOKEN), &args)?;
+        let text = String::from_utf8(done.stdout)?;
+        ensure!(
+            done.status.success() && text.contains("flushed"),
+            "{text}: {}",
+            String::from_utf8_lossy(&done.stderr)
+        );
+        let audit = String::from_utf8(cli(Some(READ), &["audit"])?.stdout)?;
+        ensure!(
+            audit
+                .lines()
+                .any(|l| l.contains("alice") && l.contains("applied") && l.contains("flushed")),
+            "{audit}"
+        );
+        ensure!(
+            audit
+                .lines()
+                .any(|l| l.contains("prom") && l.contains("refused") && l.contains("forbidden")),
+            "{audit}"
+        );
+        // Plain HTTP is not served.
+        let plain =
+            finish(settle().args(["admin", "--url", &format!("http://{listen}"), "whoami"]))?;
+        ensure!(!plain.status.success(), "plain HTTP answered");
+        Ok(())
+    })();
+    let _ = child.kill();
+    let _ = child.wait();
+    let logged = std::fs::read_to_string(&log).unwrap_or_default();
+    let (_, audit_stream) = NatsActions::audit_names(&setup.nats);
+    rt.block_on(async {
+        let _ = setup.js.delete_stream(&audit_stream).await;
+        setup.cleanup().await;
+    });
+    result?;
+    ensure!(
+        !logged.contains(TOKEN) && !logged.contains(READ),
+        "a token in the log"
+    );
+    ensure!(logged.contains("admin server listening"), "{logged}");
     Ok(())
 }
