@@ -35,16 +35,22 @@ const REQUEST_SLACK: Duration = Duration::from_secs(15);
 #[derive(Clone, Debug, clap::Args)]
 pub struct AdminArgs {
     /// Admin API of a running settle (its `admin.listen`, with https:// when it has TLS).
-    #[arg(long, global = true, env = "SETTLE_ADMIN_URL", default_value = DEFAULT_URL)]
+    #[arg(long, global = true, env = "SETTLE_ADMIN_URL", default_value = DEFAULT_URL, help_heading = "Admin API")]
     pub url: String,
     /// File whose first line is the bearer token (else SETTLE_ADMIN_TOKEN).
-    #[arg(long, global = true, value_name = "FILE")]
+    #[arg(long, global = true, value_name = "FILE", help_heading = "Admin API")]
     pub token_file: Option<PathBuf>,
     /// PEM certificates to verify an https:// admin server with (else the public roots).
-    #[arg(long, global = true, value_name = "FILE", env = "SETTLE_ADMIN_CA_FILE")]
+    #[arg(
+        long,
+        global = true,
+        value_name = "FILE",
+        env = "SETTLE_ADMIN_CA_FILE",
+        help_heading = "Admin API"
+    )]
     pub ca_file: Option<PathBuf>,
     /// Print the API's JSON answer as is.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = "Admin API")]
     pub json: bool,
     /// What to do.
     #[command(subcommand)]
