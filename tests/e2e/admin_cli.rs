@@ -6,7 +6,8 @@
 //! that says what to do. `settle run` refuses to start with actions on a public address and
 //! no token; on NATS (`SETTLE_TEST_NATS`) `settle run` serves its admin API over TLS with
 //! tokens from a file and the environment (the CLI verifies it with the test CA), and
-//! `settle consume` reads the audit subject back.
+//! `settle consume` reads the audit subject back; on Kafka (`SETTLE_TEST_KAFKA`) it reads the
+//! audit topic back.
 
 use crate::nats_support::{server, Setup};
 use crate::process_support::start_run_logged;
@@ -272,17 +273,7 @@ fn consume_reads_the_audit_subject() -> Result<()> {
     let rt = tokio::runtime::Runtime::new()?;
     let setup = rt.block_on(Setup::new(&addr, "audit", Storage::Memory, 1))?;
     let actions = NatsActions::new(setup.js.clone(), &setup.nats);
-    let record = AuditRecord {
-        at: T0,
-        instance: "settle-0".into(),
-        who: "alice".into(),
-        request_id: "r-audit-1".into(),
-        action: "flush".into(),
-        stage: AuditStage::Accepted,
-        reason: "results never arrived".into(),
-        selection: serde_json::json!({"session": "acme/build-4711"}),
-        result: serde_json::json!({"dry_run": false}),
-    };
+    let record = accepted("r-audit-1");
     rt.block_on(async {
         actions.ensure_audit_stream().await?;
         actions
@@ -314,6 +305,55 @@ fn consume_reads_the_audit_subject() -> Result<()> {
         let _ = setup.js.delete_stream(&stream).await;
         setup.cleanup().await;
     });
+    Ok(())
+}
+
+/// An audit record as an instance writes it.
+fn accepted(request_id: &str) -> AuditRecord {
+    AuditRecord {
+        at: T0,
+        instance: "settle-0".into(),
+        who: "alice".into(),
+        request_id: request_id.into(),
+        action: "flush".into(),
+        stage: AuditStage::Accepted,
+        reason: "results never arrived".into(),
+        selection: serde_json::json!({"session": "acme/build-4711"}),
+        result: serde_json::json!({"dry_run": false}),
+    }
+}
+
+#[test]
+fn consume_reads_the_audit_topic() -> Result<()> {
+    let Some(bootstrap) = crate::kafka_support::broker("consume_reads_the_audit_topic") else {
+        return Ok(());
+    };
+    let config = settle::transport::kafka::KafkaConfig {
+        bootstrap_servers: bootstrap.clone(),
+        group_id: format!(
+            "audit-{}-{}",
+            std::process::id(),
+            crate::kafka_support::now_ms()
+        ),
+        ..settle::transport::kafka::KafkaConfig::default()
+    };
+    let actions = settle::transport::kafka::KafkaActions::new(&config)?;
+    let records = [accepted("r-k-1"), accepted("r-k-2")];
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async {
+        actions.ensure_audit_topic().await;
+        for r in &records {
+            actions.publish_audit(&r.request_id, r.encode()).await?;
+        }
+        anyhow::Ok(())
+    })?;
+    let topic = settle::transport::kafka::KafkaActions::audit_topic(&config);
+    let printed = crate::process_support::consume_topic(&bootstrap, &topic)?;
+    let read: Vec<AuditRecord> = crate::process_support::lines_of(&printed)
+        .into_iter()
+        .map(AuditRecord::decode)
+        .collect::<Result<_, _>>()?;
+    ensure!(read == records, "{}", String::from_utf8_lossy(&printed));
     Ok(())
 }
 
