@@ -40,7 +40,9 @@ USER settle
 WORKDIR /var/lib/settle
 VOLUME ["/var/lib/settle"]
 # Admin HTTP server (/metrics, /healthz, /readyz, /v1/...): `[admin] listen`, loopback by
-# default; set SETTLE_ADMIN__LISTEN=0.0.0.0:9464 to reach it from outside the container.
+# default; set SETTLE_ADMIN__LISTEN=0.0.0.0:9464 to reach it from outside the container, and
+# then SETTLE_ADMIN_TOKENS=name:TOKEN (or admin.tokens-file) or SETTLE_ADMIN__ACTIONS=false:
+# settle refuses operator actions on a public address without a token.
 EXPOSE 9464
 # tini forwards SIGTERM so settle's graceful shutdown (flush outbox, commit, close RocksDB) runs.
 ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/settle"]

@@ -41,6 +41,10 @@ enum Command {
     /// Produce realistic upload traffic to a Kafka topic, or with --nats to JetStream subjects
     /// (the demo's scenarios), for trying settle, tests and benchmarks.
     Loadgen(cli::loadgen::LoadgenArgs),
+    /// Operate a running instance through its admin API: whoami, partitions, pending work,
+    /// flush or cancel rounds, the audit trail (URL from --url or SETTLE_ADMIN_URL, token
+    /// from --token-file or SETTLE_ADMIN_TOKEN).
+    Admin(cli::admin::AdminArgs),
     /// Print the records of Kafka topics (or, with --nats, NATS JetStream subjects) as JSON
     /// lines (ready records, tier changes, dead letters); no consumer group is joined.
     Consume(cli::consume::ConsumeArgs),
@@ -170,7 +174,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // The demo draws a progress bar and a table: only warnings would disturb them.
     let default_level = match cli.command {
-        Command::Demo { .. } | Command::Loadgen(_) | Command::Consume(_) => "warn",
+        Command::Demo { .. } | Command::Loadgen(_) | Command::Consume(_) | Command::Admin(_) => {
+            "warn"
+        }
         _ => "info",
     };
     init_logging(cli.log_format, default_level);
@@ -204,6 +210,7 @@ fn print_summary(summary: &impl std::fmt::Display) -> std::io::Result<()> {
 fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Run { config, transport } => settle::service::run(config.as_deref(), transport)?,
+        Command::Admin(args) => cli::admin::run(&args, &mut std::io::stdout().lock())?,
         Command::Consume(args) => {
             let report = cli::consume::run(&args, &mut std::io::stdout().lock(), &|| false)?;
             eprintln!("{} record(s)", report.records);

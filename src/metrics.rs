@@ -112,6 +112,18 @@ pub const OVERRIDE_CHANGES: &str = "settle_override_changes_total";
 
 /// Every value of the `change` label of [`OVERRIDE_CHANGES`].
 pub const OVERRIDE_CHANGE_KINDS: [&str; 4] = ["set", "removed", "expired", "refused"];
+/// Counter `{reason}`: admin API requests refused by the credential check (SEMANTICS §7,
+/// `crate::admin::auth`): `missing_token`, `bad_token` (401), `forbidden` (a read token on
+/// an action), `actions_disabled` (`admin.actions = false`) (403).
+pub const ADMIN_REFUSED: &str = "settle_admin_refused_total";
+
+/// Every value of the `reason` label of [`ADMIN_REFUSED`].
+const ADMIN_REFUSED_REASONS: [&str; 4] = [
+    "missing_token",
+    "bad_token",
+    "forbidden",
+    "actions_disabled",
+];
 
 /// Buckets of [`EMISSION_LATENESS`] (seconds).
 const LATENESS_BUCKETS: &[f64] = &[
@@ -205,6 +217,7 @@ struct Inner {
     tenants_demoted: IntGauge,
     overrides: IntGauge,
     override_changes: IntCounterVec,
+    admin_refused: IntCounterVec,
     /// Acknowledged emissions and the uploads in them (for [`COALESCING_RATIO`]).
     emitted: AtomicU64,
     coalesced: AtomicU64,
@@ -384,6 +397,14 @@ impl Metrics {
         build_info
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1);
+        let admin_refused = b.counter(
+            ADMIN_REFUSED,
+            "Admin API requests refused by the credential check, by reason (missing_token, bad_token, forbidden, actions_disabled).",
+            &["reason"],
+        );
+        for reason in ADMIN_REFUSED_REASONS {
+            admin_refused.with_label_values(&[reason]);
+        }
         for state in STATES {
             partitions.with_label_values(&[state]).set(0);
         }
@@ -432,11 +453,17 @@ impl Metrics {
                 tenants_demoted,
                 overrides,
                 override_changes,
+                admin_refused,
                 emitted: AtomicU64::new(0),
                 coalesced: AtomicU64::new(0),
                 refreshing: Mutex::new(()),
             }),
         }
+    }
+
+    /// The admin API refused a request for `reason` (one of the [`ADMIN_REFUSED`] reasons).
+    pub fn admin_refused(&self, reason: &str) {
+        self.inner.admin_refused.with_label_values(&[reason]).inc();
     }
 
     /// The registry (to gather or encode).
@@ -751,7 +778,7 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), n);
-        assert_eq!(n, 24);
+        assert_eq!(n, 25);
     }
 
     #[test]

@@ -103,10 +103,11 @@ fn shipped_file_documents_every_key_with_its_env_var() {
             keys += 1;
         }
     }
-    // transport 1, debounce 6 (max-wait unset), store 4, runtime 4, admin 2, kafka 6 (changelog-topic and
-    // tier-counts-topic unset), nats 20 (auth and TLS files unset; changelog-stream, changelog-subject-prefix,
-    // tier-counts-bucket, overrides-bucket), tiers 6 (demote-to unset; share-interval), 2 tiers × 2.
-    assert_eq!(keys, 53);
+    // transport 1, debounce 6 (max-wait unset), store 4, runtime 4, admin 4 (tokens and
+    // TLS files unset), kafka 6 (changelog-topic and tier-counts-topic unset), nats 20 (auth
+    // and TLS files unset; changelog-stream, changelog-subject-prefix, tier-counts-bucket,
+    // overrides-bucket), tiers 6 (demote-to unset; share-interval), 2 tiers × 2.
+    assert_eq!(keys, 55);
     assert!(text.contains("SETTLE_DEBOUNCE__MAX_WAIT"));
     assert!(text.contains("SETTLE_TIERS__DEMOTE_TO"));
     assert!(text.contains("SETTLE_KAFKA__CHANGELOG_TOPIC"));
@@ -435,6 +436,62 @@ fn a_missing_secret_file_names_the_key_and_the_path() {
             e.to_string().contains("/run/secrets/no-such-key-pass"),
             "{e}"
         );
+        Ok(())
+    });
+}
+
+#[test]
+fn admin_tokens_are_named_never_shown_and_a_public_address_needs_one() {
+    jailed(|jail| {
+        let secret_file = "file-token-s3cret-0123456789";
+        let secret_env = "env-token-s3cret-0123456789";
+        jail.create_file("tokens", &format!("# operators\nalice:{secret_file}\n"))
+            .map_err(|e| e.to_string())?;
+        jail.create_file(
+            "settle.toml",
+            "[admin]\nlisten = \"0.0.0.0:9464\"\ntokens-file = \"tokens\"\n",
+        )
+        .map_err(|e| e.to_string())?;
+        jail.set_env("SETTLE_ADMIN_TOKENS", format!("prom:read:{secret_env}"));
+        let mut out = Vec::new();
+        settle::cli::check_config::run(Path::new("settle.toml"), &mut out)
+            .map_err(|e| e.to_string())?;
+        let out = String::from_utf8(out).map_err(|e| e.to_string())?;
+        assert!(
+            !out.contains("s3cret"),
+            "check-config shows a token:\n{out}"
+        );
+        assert!(
+            out.contains("admin: http://0.0.0.0:9464")
+                && out.contains("actions on, reads open")
+                && out.contains("alice (operator), prom (read)")
+                && out.contains("SETTLE_ADMIN_TOKENS"),
+            "{out}"
+        );
+        // No token on a public address with actions on: refused, saying what to do.
+        jail.clear_env();
+        jail.create_file("settle.toml", "[admin]\nlisten = \"0.0.0.0:9464\"\n")
+            .map_err(|e| e.to_string())?;
+        let e = settle::cli::check_config::run(Path::new("settle.toml"), &mut Vec::new())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("admin.tokens-file") && e.contains("admin.actions = false"),
+            "{e}"
+        );
+        jail.set_env("SETTLE_ADMIN__ACTIONS", "false");
+        let mut out = Vec::new();
+        settle::cli::check_config::run(Path::new("settle.toml"), &mut out)
+            .map_err(|e| e.to_string())?;
+        assert!(String::from_utf8_lossy(&out).contains("actions off"));
+        // TLS files go together.
+        jail.create_file(
+            "settle.toml",
+            "[admin]\ntls-cert-file = \"/etc/settle/admin.pem\"\n",
+        )
+        .map_err(|e| e.to_string())?;
+        let e = Config::load(Some(Path::new("settle.toml"))).unwrap_err();
+        assert_eq!(e.key(), Some("admin.tls-key-file"));
         Ok(())
     });
 }

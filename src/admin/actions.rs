@@ -22,14 +22,21 @@
 //! | `reason` | why (≤ 1024 bytes), for the audit topic |
 //! | `request_id` | idempotency key (≤ 128 bytes); generated when absent |
 //! | `wait_ms` | how long to wait for the outcomes (default 5 000, at most 60 000) |
+//!
+//! A body that breaks a rule gets 400 naming the field (415 without `Content-Type:
+//! application/json`), and a `refused` audit record; nothing is sent.
+//!
+//! `GET /v1/audit` lists the latest audit records this instance knows (its own and those
+//! the audit tail read back), newest first.
 
 use super::{error, rfc3339, AdminState, Operator};
 use crate::codec::action::{
-    ActionKind, ActionOutcome, ActionRecord, AuditRecord, AuditStage, SessionFilter,
+    ActionKind, ActionOutcome, ActionRecord, AuditRecord, AuditStage, SessionFilter, BULK_LIMIT_MAX,
 };
 use crate::engine::Millis;
-use axum::extract::rejection::{JsonRejection, PathRejection};
-use axum::extract::{Path, State};
+use crate::runtime::actions::RECENT_AUDIT;
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
@@ -152,7 +159,7 @@ pub(super) async fn post(
     operator: Option<Extension<Operator>>,
     body: Result<Json<ActionRequest>, JsonRejection>,
 ) -> Response {
-    let who = operator.map_or_else(|| "-".to_owned(), |Extension(o)| o.name);
+    let who = operator.map_or_else(|| super::auth::ANONYMOUS.to_owned(), |Extension(o)| o.name);
     let now = (s.wall)();
     let refuse = |code: StatusCode, why: String, request_id: String| {
         let s = s.clone();
@@ -178,7 +185,15 @@ pub(super) async fn post(
     };
     let req = match body {
         Ok(Json(r)) => r,
-        Err(e) => return refuse(StatusCode::BAD_REQUEST, e.body_text(), new_request_id(now)).await,
+        // 400 for a body that is not the JSON above (the text names the field), 415
+        // without `Content-Type: application/json`.
+        Err(e) => {
+            let code = match e.status() {
+                StatusCode::UNSUPPORTED_MEDIA_TYPE => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                _ => StatusCode::BAD_REQUEST,
+            };
+            return refuse(code, e.body_text(), new_request_id(now)).await;
+        }
     };
     let request_id = req
         .request_id
@@ -207,6 +222,32 @@ pub(super) async fn post(
     };
     if let Err(e) = record.validate() {
         return refuse(StatusCode::BAD_REQUEST, e.to_string(), request_id).await;
+    }
+    if let Some(limit) = req.limit {
+        if record.session.is_some() {
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                "limit: only a bulk action (filter) takes a limit".into(),
+                request_id,
+            )
+            .await;
+        }
+        if !(1..=BULK_LIMIT_MAX).contains(&limit) {
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                format!("limit {limit}: sessions per partition, 1 to {BULK_LIMIT_MAX}"),
+                request_id,
+            )
+            .await;
+        }
+    }
+    if req.wait_ms.is_some_and(|w| w > MAX_WAIT_MS) {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            format!("wait_ms: at most {MAX_WAIT_MS} (ms)"),
+            request_id,
+        )
+        .await;
     }
     if let Some(tier) = record.filter.as_ref().and_then(|f| f.tier.as_ref()) {
         if s.router.tiers().topic_of(tier).is_none() {
@@ -241,6 +282,14 @@ pub(super) async fn post(
         None => (0..partitions).collect(),
     };
     if let Some(ps) = record.filter.as_ref().and_then(|f| f.partitions.as_ref()) {
+        if let Some(p) = ps.iter().find(|p| **p >= partitions) {
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                format!("filter.partitions: partition {p} does not exist (the input has {partitions}: 0 to {})", partitions - 1),
+                request_id,
+            )
+            .await;
+        }
         targets.retain(|p| ps.contains(p));
     }
     let wait = Duration::from_millis(req.wait_ms.unwrap_or(DEFAULT_WAIT_MS).min(MAX_WAIT_MS));
@@ -310,6 +359,53 @@ pub(super) async fn get(
         "request_id": id,
         "records": records,
         "outcomes": outcomes.iter().map(outcome_json).collect::<Vec<_>>(),
+    }))
+    .into_response()
+}
+
+/// Records `GET /v1/audit` answers when `limit` is not given.
+pub const AUDIT_DEFAULT_LIMIT: usize = 50;
+
+/// `GET /v1/audit` query (module docs of `crate::admin`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditQuery {
+    #[serde(default)]
+    limit: Option<usize>,
+    #[serde(default)]
+    stage: Option<AuditStage>,
+}
+
+/// `GET /v1/audit?limit=N&stage=S`: the latest audit records known here, newest first.
+pub(super) async fn audit_tail(
+    State(s): State<AdminState>,
+    query: Result<Query<AuditQuery>, QueryRejection>,
+) -> Response {
+    let q = match query {
+        Ok(Query(q)) => q,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!(
+                "{} (the parameters are limit, 1 to {}, and stage: accepted, refused or applied)",
+                e.body_text(),
+                RECENT_AUDIT
+            ),
+            )
+        }
+    };
+    let limit = q.limit.unwrap_or(AUDIT_DEFAULT_LIMIT);
+    if !(1..=RECENT_AUDIT).contains(&limit) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("limit {limit}: 1 to {RECENT_AUDIT}"),
+        );
+    }
+    let records = s.actions.latest(limit, q.stage);
+    Json(json!({
+        "instance": s.actions.instance,
+        "topic": s.actions.topic,
+        "records": records,
     }))
     .into_response()
 }

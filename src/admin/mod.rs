@@ -1,9 +1,11 @@
 //! The admin HTTP server of `settle run` (axum): metrics, health, readiness and read-only
 //! views of the partitions, tenants, sessions and pending rounds this process owns, and
 //! operator actions (SEMANTICS §7). Loopback by default (`[admin] listen =
-//! "127.0.0.1:9464"`); only `POST /v1/actions` (through the input: the partitions' owners
-//! apply it) and the tenant override routes (through the override store: every instance
-//! applies it) change state.
+//! "127.0.0.1:9464"`); only requests that are not reads on `/v1/` change state: `POST
+//! /v1/actions` (through the input: the partitions' owners apply it) and the tenant override
+//! routes (through the override store: every instance applies it). Every request first
+//! passes the [`auth`] layer (tokens, roles, `admin.actions`, `admin.protect-reads`); the
+//! listener speaks TLS when `admin.tls-cert-file` is set ([`tls`]).
 //!
 //! | endpoint | answer |
 //! |---|---|
@@ -19,19 +21,26 @@
 //! | `PUT /v1/tenants/{tenant}/override` | sets the tenant's override (policy and parameters, max-wait, pinned tier, event ids; reason, expiry), naming the version it replaces: 200 once applied here, 202 while in flight, 400 naming the key, 409 with the current one when stale (`overrides` module, SEMANTICS §7) |
 //! | `DELETE /v1/tenants/{tenant}/override?version=N` | removes it: the config's rule applies again |
 //! | `GET /v1/overrides` | every tenant's override (version, expiry, in force or not), the config's rule of each tenant and which wins |
+//! | `GET /v1/audit?limit=N&stage=S` | the latest audit records known here (written here or read back from the audit topic), newest first: `limit` 1–1000 (default 50), `stage` `accepted`, `refused` or `applied` |
+//! | `POST /v1/whoami` | the caller's credential name and role (needs a token of either role when tokens are configured), and whether actions are on and reads protected |
 //! | `GET /v1/sessions/{tenant}/{session}` | the session's CallTrack, open round and next due time, asked of the partition task that holds it (SEMANTICS §4); 404 when no partition owned here holds it |
 //!
 //! Errors are JSON `{"error": "..."}`: 400 for a path segment that is not a valid tenant or
-//! session (SEMANTICS §2) or not UTF-8, 404 for an unknown path or session, 503 when a
-//! partition could not answer. Times are RFC 3339 with milliseconds (as in the output
-//! records), durations are milliseconds (`*_ms`).
+//! session (SEMANTICS §2) or not UTF-8, or a bad parameter or body (the message names it),
+//! 401/403 from the [`auth`] layer, 404 for an unknown path or session, 405 for a method a
+//! path does not take, 503 when a partition could not answer. Times are RFC 3339 with
+//! milliseconds (as in the output records), durations are milliseconds (`*_ms`).
 
 pub use crate::config::admin::{AdminConfig, DEFAULT_LISTEN};
 
 mod actions;
 mod overrides;
+pub mod auth;
 mod pending;
+pub mod tls;
 mod views;
+
+pub use auth::{Auth, Operator, Role};
 
 use crate::codec::format_rfc3339_ms;
 use crate::engine::Millis;
@@ -61,15 +70,6 @@ pub const SESSION_LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a stopping server waits for open connections before it is aborted.
 const STOP_GRACE: Duration = Duration::from_secs(1);
 
-/// Who asked for an action: the name of the credential the request carried (SEMANTICS §7
-/// "who asked"). The authentication layer puts it on every authenticated request as an
-/// `axum::Extension`; handlers of actions and overrides write it into their audit records.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Operator {
-    /// The credential's name (`admin.tokens`), never the token itself.
-    pub name: String,
-}
-
 /// What the handlers read: handles shared with one runtime. Cheap to clone.
 #[derive(Clone)]
 pub struct AdminState {
@@ -86,6 +86,8 @@ pub struct AdminState {
     channel: Option<Arc<dyn ActionChannel>>,
     /// The runtime's tenant overrides (SEMANTICS §7).
     overrides: Overrides,
+    /// Who may call what ([`auth`]).
+    auth: Auth,
 }
 
 impl AdminState {
@@ -102,7 +104,14 @@ impl AdminState {
             actions: runtime.actions(),
             channel: None,
             overrides: runtime.overrides(),
+            auth: Auth::default(),
         }
+    }
+
+    /// Checks every request with `auth` (default: no token, actions on, reads open).
+    pub fn with_auth(mut self, auth: Auth) -> Self {
+        self.auth = auth;
+        self
     }
 
     /// Accepts operator actions (`POST /v1/actions`), sending their records and audit
@@ -113,8 +122,10 @@ impl AdminState {
     }
 }
 
-/// The routes, for [`AdminServer`] or a test.
+/// The routes, for [`AdminServer`] or a test, behind the [`auth`] layer (the outermost: it
+/// sees every request, the unknown paths' too).
 pub fn router(state: AdminState) -> axum::Router {
+    let checked = axum::middleware::from_fn_with_state(state.clone(), auth::layer);
     axum::Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
@@ -130,10 +141,31 @@ pub fn router(state: AdminState) -> axum::Router {
         .route("/v1/pending/summary", get(pending::summary))
         .route("/v1/actions", axum::routing::post(actions::post))
         .route("/v1/actions/{request_id}", get(actions::get))
+        .route("/v1/audit", get(actions::audit_tail))
+        .route(auth::WHOAMI, axum::routing::post(auth::whoami))
         // A session may contain `/` (SEMANTICS §2): the rest of the path is the session.
         .route("/v1/sessions/{tenant}/{*session}", get(views::session))
         .fallback(not_found)
         .with_state(state)
+        .layer(checked)
+}
+
+/// What `settle run` will serve with `config`, checked before anything starts: the tokens
+/// loaded, the listen address allowed for them ([`Auth::check_listen`]) and the TLS files
+/// read. `None` when the admin server is disabled.
+///
+/// Errors: as [`AdminServer::start_for`] but for binding the address; each message names
+/// the key.
+pub fn preflight(config: &AdminConfig) -> anyhow::Result<Option<Auth>> {
+    if !config.enabled {
+        return Ok(None);
+    }
+    let auth = Auth::from_config(config)?;
+    auth.check_listen(config.listen)?;
+    if let (Some(cert), Some(key)) = (&config.tls_cert_file, &config.tls_key_file) {
+        tls::server_config(cert, key)?;
+    }
+    Ok(Some(auth))
 }
 
 /// A running admin server.
@@ -145,31 +177,52 @@ pub struct AdminServer {
 }
 
 impl AdminServer {
-    /// Binds `listen` and serves [`router`] on it until [`AdminServer::stop`].
+    /// Binds `listen` and serves [`router`] on it, plain HTTP, until [`AdminServer::stop`].
     ///
-    /// Errors: the address cannot be bound (in use, not local, no permission).
-    pub async fn start(listen: SocketAddr, state: AdminState) -> std::io::Result<Self> {
-        let listener = tokio::net::TcpListener::bind(listen).await?;
+    /// Errors: the state's [`Auth`] may not listen there ([`Auth::check_listen`]: actions on
+    /// a non-loopback address without a token), or the address cannot be bound (in use,
+    /// not local, no permission).
+    pub async fn start(listen: SocketAddr, state: AdminState) -> anyhow::Result<Self> {
+        Self::start_with(listen, state, None).await
+    }
+
+    /// [`AdminServer::start`], serving HTTPS with `tls` when given ([`tls::server_config`]).
+    ///
+    /// Errors: as [`AdminServer::start`].
+    pub async fn start_with(
+        listen: SocketAddr,
+        state: AdminState,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> anyhow::Result<Self> {
+        state.auth.check_listen(listen)?;
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("admin.listen: cannot listen on {listen}"))?;
         let addr = listener.local_addr()?;
         let stop = CancellationToken::new();
         let shutdown = stop.clone();
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let (tokens, actions, protect_reads) = (
+            state.auth.credentials().names().len(),
+            state.auth.actions(),
+            state.auth.protect_reads(),
+        );
         let app = router(state);
-        let task = tokio::spawn(async move {
-            let served = axum::serve(listener, app)
-                .with_graceful_shutdown(async move { shutdown.cancelled().await })
-                .await;
-            if let Err(e) = served {
-                tracing::error!(error = %e, "admin server stopped");
-            }
-        });
-        tracing::info!(%addr, "admin server listening: /metrics /healthz /readyz /v1/partitions /v1/pending /v1/pending/summary /v1/tenants/{{tenant}} /v1/tenants/{{tenant}}/override /v1/overrides /v1/sessions/{{tenant}}/{{session}}");
+        let task = match tls {
+            None => serve(listener, app, shutdown),
+            Some(config) => serve(tls::TlsListener::new(listener, config)?, app, shutdown),
+        };
+        tracing::info!(%addr, scheme, tokens, actions, protect_reads, "admin server listening: /metrics /healthz /readyz /v1/partitions /v1/pending /v1/pending/summary /v1/actions /v1/audit /v1/whoami /v1/tenants/{{tenant}} /v1/tenants/{{tenant}}/override /v1/overrides /v1/sessions/{{tenant}}/{{session}}");
         Ok(AdminServer { addr, stop, task })
     }
 
-    /// Starts the server of `runtime` when `config.enabled`; operator actions go through
+    /// Starts the server of `runtime` when `config.enabled`, with the tokens and rules of
+    /// `config` ([`Auth::from_config`]) and its TLS files; operator actions go through
     /// `actions` (none: `POST /v1/actions` answers 503).
     ///
-    /// Errors: `config.listen` cannot be bound (the message names `admin.listen`).
+    /// Errors: the tokens or TLS files cannot be read or are invalid, actions are on at a
+    /// non-loopback `admin.listen` without a token, or `admin.listen` cannot be bound; each
+    /// message names the key.
     pub async fn start_for<K: Sink, C: Clock>(
         config: &AdminConfig,
         runtime: &Runtime<K, C>,
@@ -178,14 +231,15 @@ impl AdminServer {
         if !config.enabled {
             return Ok(None);
         }
-        let mut state = AdminState::new(runtime);
+        let mut state = AdminState::new(runtime).with_auth(Auth::from_config(config)?);
         if let Some(channel) = actions {
             state = state.with_action_channel(channel);
         }
-        let server = Self::start(config.listen, state)
-            .await
-            .with_context(|| format!("admin.listen: cannot listen on {}", config.listen))?;
-        Ok(Some(server))
+        let tls = match (&config.tls_cert_file, &config.tls_key_file) {
+            (Some(cert), Some(key)) => Some(tls::server_config(cert, key)?),
+            _ => None,
+        };
+        Ok(Some(Self::start_with(config.listen, state, tls).await?))
     }
 
     /// The address it listens on (the bound port when `listen` had port 0).
@@ -201,6 +255,22 @@ impl AdminServer {
             abort.abort();
         }
     }
+}
+
+/// Serves `app` on `listener` until `shutdown` (graceful: open requests finish).
+fn serve<L>(listener: L, app: axum::Router, shutdown: CancellationToken) -> JoinHandle<()>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
+    tokio::spawn(async move {
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "admin server stopped");
+        }
+    })
 }
 
 pub(crate) fn error(status: StatusCode, message: impl Into<String>) -> Response {
@@ -301,7 +371,7 @@ mod tests {
     #[test]
     fn config_defaults_to_loopback() {
         let c = AdminConfig::default();
-        assert!(c.enabled);
+        assert!(c.enabled && c.actions && !c.protect_reads);
         assert!(c.listen.ip().is_loopback());
         assert_eq!(c.listen.port(), 9464);
     }

@@ -1,8 +1,12 @@
 //! `settle check-config FILE`: validates a config file without connecting to anything and
 //! prints what it says (policies, transport, admin, each transport's section, tiers).
 //! Secrets are never printed: Kafka properties that hold one and every value read from
-//! `[kafka.property-files]` show as `<redacted>` (`KafkaConfig::shown_properties`).
+//! `[kafka.property-files]` show as `<redacted>` (`KafkaConfig::shown_properties`), and of
+//! the admin tokens only their names and roles are shown. The admin section is checked as
+//! `settle run` checks it (`admin::preflight`): tokens and TLS files read, and actions on a
+//! non-loopback address without a token refused.
 
+use crate::config::admin::TOKENS_ENV;
 use crate::config::kafka::ProcessingGuarantee;
 use crate::config::Config;
 use std::io::Write;
@@ -11,7 +15,8 @@ use std::path::Path;
 /// Loads `file` (then `SETTLE_*` variables, as `settle run` does) and writes its summary to
 /// `out`.
 ///
-/// Errors: the config is invalid (the message names the key), or `out` cannot be written.
+/// Errors: the config is invalid (the message names the key), the admin server could not
+/// start with it (`admin::preflight`), or `out` cannot be written.
 pub fn run(file: &Path, out: &mut impl Write) -> anyhow::Result<()> {
     let cfg = Config::load(Some(file))?;
     writeln!(out, "{}: ok", file.display())?;
@@ -23,14 +28,34 @@ pub fn run(file: &Path, out: &mut impl Write) -> anyhow::Result<()> {
         table.tenants.len()
     )?;
     writeln!(out, "transport: {} (settle run)", cfg.transport.as_str())?;
-    if cfg.admin.enabled {
-        writeln!(
-            out,
-            "admin: http://{} (/metrics /healthz /readyz /v1/...)",
-            cfg.admin.listen
-        )?;
-    } else {
-        writeln!(out, "admin: disabled")?;
+    match crate::admin::preflight(&cfg.admin)? {
+        Some(auth) => {
+            let a = &cfg.admin;
+            let names: Vec<String> = auth
+                .credentials()
+                .names()
+                .iter()
+                .map(|(name, role)| format!("{name} ({})", role.as_str()))
+                .collect();
+            let mut from: Vec<String> = Vec::new();
+            if let Some(f) = &a.tokens_file {
+                from.push(format!("admin.tokens-file {}", f.display()));
+            }
+            if std::env::var_os(TOKENS_ENV).is_some() {
+                from.push(TOKENS_ENV.to_owned());
+            }
+            writeln!(
+                out,
+                "admin: {}://{} (/metrics /healthz /readyz /v1/...); actions {}, reads {}; tokens: {}{}",
+                a.scheme(),
+                a.listen,
+                if a.actions { "on" } else { "off" },
+                if a.protect_reads { "need a token" } else { "open" },
+                if names.is_empty() { "none".to_owned() } else { names.join(", ") },
+                if from.is_empty() { String::new() } else { format!(" from {}", from.join(" and ")) },
+            )?;
+        }
+        None => writeln!(out, "admin: disabled")?,
     }
     let k = &cfg.kafka;
     writeln!(

@@ -11,6 +11,7 @@
 //! | [`loadgen`] | `settle loadgen`: upload traffic to Kafka or NATS |
 //! | [`consume`] | `settle consume`: Kafka topics or NATS JetStream subjects printed as JSON lines |
 //! | [`run_file`] | `settle run-file` (hidden): the runtime on a file-fed memory transport, for the shared benchmark and tests |
+//! | [`admin`] | `settle admin`: a running instance's admin API (whoami, partitions, pending, flush, cancel, audit) |
 //! | [`check_config`] | `settle check-config`: a config file validated and summarised |
 //! | [`scenario`] | helper: the traffic shapes of demo, loadgen and noisy |
 //! | [`noisy`] | helper: the noisy-neighbour experiment (`settle loadgen --scenario noisy`, `benches/tiers.rs`) |
@@ -20,6 +21,7 @@
 //!
 //! `settle run` is not a tool: it is `crate::service`.
 
+pub mod admin;
 pub mod check_config;
 pub mod consume;
 pub mod demo;

@@ -147,7 +147,7 @@ pub struct ActionRecord {
     pub limit: Option<u32>,
     /// Why (free text, ≤ [`REASON_MAX_BYTES`] bytes), as given by the operator.
     pub reason: String,
-    /// The name of the credential that asked.
+    /// The name of the credential that asked (`anonymous` without one).
     pub who: String,
     /// The instance that accepted the request.
     pub instance: String,
@@ -317,7 +317,7 @@ pub struct AuditRecord {
     pub at: Millis,
     /// The instance that wrote it.
     pub instance: String,
-    /// The credential's name (`-` when none was given).
+    /// The credential's name (`anonymous` when the request carried no accepted token).
     pub who: String,
     /// The request id (generated when the request had none).
     pub request_id: String,

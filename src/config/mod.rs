@@ -451,6 +451,7 @@ impl Config {
             Transport::Kafka => Ok(()),
         });
         nats?;
+        self.admin.validate()?;
         Ok(self.tiers.validate()?)
     }
 
@@ -704,7 +705,7 @@ fn allowed(last: &str) -> Option<&'static str> {
         "data-dir" => "expected a directory path (string)",
         "transport" => "expected one of kafka, nats",
         "listen" => "expected an IP address and port such as \"127.0.0.1:9464\"",
-        "enabled" | "learn-initial-delay" => "expected true or false",
+        "enabled" | "learn-initial-delay" | "actions" | "protect-reads" => "expected true or false",
         "storage" => "expected one of file, memory",
         _ => return None,
     })

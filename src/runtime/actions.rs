@@ -23,6 +23,10 @@ use tokio::sync::watch;
 /// Request ids whose audit records a process keeps in memory (oldest forgotten first).
 pub const RECENT_REQUESTS: usize = 10_000;
 
+/// Audit records a process keeps in arrival order for `GET /v1/audit` (oldest forgotten
+/// first).
+pub const RECENT_AUDIT: usize = 1_000;
+
 /// Emission ids an outcome lists at most.
 pub const OUTCOME_EMISSION_IDS: usize = 100;
 
@@ -30,6 +34,8 @@ pub const OUTCOME_EMISSION_IDS: usize = 100;
 struct Inner {
     by_id: HashMap<String, Vec<AuditRecord>>,
     order: VecDeque<String>,
+    /// The last [`RECENT_AUDIT`] records added, oldest first.
+    recent: VecDeque<AuditRecord>,
 }
 
 /// The audit records of recent requests, shared by the partition tasks (which add their
@@ -95,8 +101,13 @@ impl ActionLog {
                     inner.by_id.entry(id).or_default()
                 }
             };
-            if !list.contains(&record) {
-                list.push(record);
+            if list.contains(&record) {
+                return;
+            }
+            list.push(record.clone());
+            inner.recent.push_back(record);
+            if inner.recent.len() > RECENT_AUDIT {
+                inner.recent.pop_front();
             }
         }
         self.changed.send_modify(|n| *n += 1);
@@ -109,6 +120,20 @@ impl ActionLog {
             .get(request_id)
             .cloned()
             .unwrap_or_default()
+    }
+
+    /// The latest audit records added (at most `limit`, of `stage` when given), newest
+    /// first: this process's own and those read back from the audit topic, in the order
+    /// they arrived here.
+    pub fn latest(&self, limit: usize, stage: Option<AuditStage>) -> Vec<AuditRecord> {
+        self.lock()
+            .recent
+            .iter()
+            .rev()
+            .filter(|r| stage.is_none_or(|s| r.stage == s))
+            .take(limit)
+            .cloned()
+            .collect()
     }
 
     /// The applied outcomes of `request_id`, one per partition (the first of each).
@@ -301,11 +326,22 @@ mod tests {
             .wait("r3", std::time::Duration::from_secs(1), |o| !o.is_empty())
             .await;
         assert!(none.is_empty());
+        let latest = log.latest(2, None);
+        assert_eq!(
+            latest
+                .iter()
+                .map(|r| r.request_id.as_str())
+                .collect::<Vec<_>>(),
+            ["r2", "r1"],
+            "newest first"
+        );
+        assert!(log.latest(5, Some(AuditStage::Refused)).is_empty());
         // Bounded: the oldest request ids are forgotten.
         for i in 0..RECENT_REQUESTS {
             log.add(applied(&format!("x{i}"), 0, 1));
         }
         assert!(log.get("r1").is_empty());
         assert_eq!(log.get(&format!("x{}", RECENT_REQUESTS - 1)).len(), 1);
+        assert_eq!(log.latest(usize::MAX, None).len(), RECENT_AUDIT);
     }
 }

@@ -146,10 +146,14 @@ async fn check_transactions(
 ///   for a publish window per owned partition.
 ///
 /// Errors: an invalid `[kafka]` or `[nats]` section or tier subject (the message names the
-/// key), clients the library rejects, an unreadable credentials file, a Kafka cluster
+/// key), an `[admin]` that may not start (operator actions on a non-loopback
+/// `admin.listen` without a token, unreadable tokens or TLS files), clients the library rejects, an unreadable credentials file, a Kafka cluster
 /// without transactions in exactly-once mode, an `admin.listen` address that cannot be
 /// bound, a fatal source error, an expired lease. Partitions that failed are in the summary.
 pub async fn run_until(config: &Config, shutdown: CancellationToken) -> anyhow::Result<RunSummary> {
+    // Before any client connects: a refused admin setup (actions on a public address
+    // without a token, an unreadable tokens or TLS file) stops the start here.
+    crate::admin::preflight(&config.admin)?;
     let mut options = RuntimeOptions::from_config(config);
     match config.transport {
         Transport::Kafka => {

@@ -25,7 +25,10 @@ mod process_support;
 mod proxy_support;
 #[path = "../support/running.rs"]
 mod running_support;
+#[path = "../support/runtime.rs"]
+mod runtime_support;
 
+mod admin_cli;
 mod admin_kafka;
 mod broker_smoke;
 mod cli_output;

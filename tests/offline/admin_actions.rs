@@ -298,6 +298,54 @@ async fn flush_cancel_retry_and_bulk_through_the_input() {
             "gold",
         ),
         ("not json".to_owned(), ""),
+        (
+            json!({"kind": "flush", "filter": {"tenant": "acme"}, "limit": 0}).to_string(),
+            "limit 0",
+        ),
+        (
+            json!({"kind": "flush", "filter": {"tenant": "acme"}, "limit": 100_001}).to_string(),
+            "1 to 100000",
+        ),
+        (
+            json!({"kind": "flush", "session": "a/b", "limit": 5}).to_string(),
+            "only a bulk action",
+        ),
+        (
+            json!({"kind": "flush", "session": "a/b", "wait_ms": 600_000}).to_string(),
+            "wait_ms",
+        ),
+        (
+            json!({"kind": "flush", "filter": {"partitions": [0, 7]}}).to_string(),
+            "partition 7 does not exist (the input has 2",
+        ),
+        (
+            json!({"kind": "flush", "filter": {"partitions": [-1]}}).to_string(),
+            "filter.partitions",
+        ),
+        (
+            json!({"kind": "flush", "filter": {"due_after": 5, "due_before": 5}}).to_string(),
+            "filter.due_after",
+        ),
+        (
+            json!({"kind": "flush", "filter": {"due_before": "tomorrow"}}).to_string(),
+            "due_before",
+        ),
+        (
+            json!({"kind": "flush", "filter": {"tenant": "bad tenant!"}}).to_string(),
+            "filter.tenant",
+        ),
+        (
+            json!({"kind": "flush", "filter": {"shape": "round"}}).to_string(),
+            "shape",
+        ),
+        (
+            json!({"kind": "cancel", "session": "a/b", "reason": "x".repeat(1025)}).to_string(),
+            "reason must be at most 1024 bytes",
+        ),
+        (
+            json!({"kind": "cancel", "session": "a/b", "request_id": "r".repeat(129)}).to_string(),
+            "request_id",
+        ),
     ] {
         let (code, answer) = post_json(addr, "/v1/actions", &body).await;
         assert_eq!(code, 400, "{body}: {answer}");
@@ -306,12 +354,18 @@ async fn flush_cancel_retry_and_bulk_through_the_input() {
             "{body}: {answer}"
         );
     }
+    // Without `Content-Type: application/json`: 415, saying what is expected.
+    let (code, text) = crate::admin_support::try_request(addr, "POST", "/v1/actions", &[], None)
+        .await
+        .unwrap();
+    assert_eq!(code, 415, "{text}");
+    assert!(text.contains("application/json"), "{text}");
     assert!(
         audit(&broker)
             .iter()
             .filter(|r| r.stage == AuditStage::Refused)
             .count()
-            >= 6
+            >= 19
     );
     assert_eq!(manual(&broker).len(), 5);
 

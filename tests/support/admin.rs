@@ -1,5 +1,6 @@
-//! Helpers of the admin endpoint tests: a minimal HTTP/1.1 GET over loopback TCP (the
-//! crate has no HTTP client) and a parser of the Prometheus text format.
+//! Helpers of the admin endpoint tests: a minimal HTTP/1.1 client over loopback TCP (plain
+//! text, so a test sees exactly what went over the wire) and a parser of the Prometheus
+//! text format.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -19,6 +20,19 @@ pub async fn try_request(
     headers: &[(&str, &str)],
     body: Option<&str>,
 ) -> std::io::Result<(u16, String)> {
+    let (status, _, body) = try_exchange(addr, method, path, headers, body).await?;
+    Ok((status, body))
+}
+
+/// [`try_request`], also returning the response's head (status line and headers, lower
+/// case) as text.
+pub async fn try_exchange(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> std::io::Result<(u16, String, String)> {
     let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_owned());
     let mut s = tokio::net::TcpStream::connect(addr).await?;
     let mut request =
@@ -46,17 +60,14 @@ pub async fn try_request(
         .nth(1)
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| bad("no status code"))?;
-    let chunked = head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked");
-    Ok((
-        status,
-        if chunked {
-            dechunk(body)
-        } else {
-            body.to_owned()
-        },
-    ))
+    let head = head.to_ascii_lowercase();
+    let chunked = head.contains("transfer-encoding: chunked");
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    Ok((status, head, body))
 }
 
 /// [`try_get`]; panics when the server cannot be reached.
