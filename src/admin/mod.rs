@@ -34,8 +34,8 @@
 pub use crate::config::admin::{AdminConfig, DEFAULT_LISTEN};
 
 mod actions;
-mod overrides;
 pub mod auth;
+mod overrides;
 mod pending;
 pub mod tls;
 mod views;

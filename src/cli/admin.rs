@@ -75,6 +75,72 @@ pub enum AdminCommand {
     /// The latest audit records the instance knows (its own and the deployment's audit
     /// topic), newest first.
     Audit(AuditArgs),
+    /// Tenant overrides (SEMANTICS §7): list them, set one, remove one.
+    #[command(subcommand)]
+    Override(OverrideCommand),
+}
+
+/// `settle admin override ...`.
+#[derive(Clone, Debug, clap::Subcommand)]
+pub enum OverrideCommand {
+    /// Every tenant's override (version, expiry, in force or not) and which rule wins.
+    List,
+    /// Set a tenant's override: the debounce keys given (others come from the config's rule
+    /// of the tenant), a pinned tier, an expiry.
+    Set(OverrideSetArgs),
+    /// Remove a tenant's override: the config's rule applies again.
+    Remove(OverrideRemoveArgs),
+}
+
+/// `settle admin override set`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct OverrideSetArgs {
+    /// The tenant.
+    pub tenant: String,
+    /// The version you last saw (`override list`); 0 for a tenant without an override. A
+    /// stale one is refused (409) with the current override.
+    #[arg(long)]
+    pub version: u64,
+    /// Policy: fixed, leading-trailing or adaptive.
+    #[arg(long)]
+    pub policy: Option<String>,
+    /// Delay of fixed and leading-trailing, e.g. 2m.
+    #[arg(long, value_name = "DURATION")]
+    pub delay: Option<String>,
+    /// Smallest delay of adaptive.
+    #[arg(long, value_name = "DURATION")]
+    pub min_delay: Option<String>,
+    /// Largest delay of adaptive.
+    #[arg(long, value_name = "DURATION")]
+    pub max_delay: Option<String>,
+    /// Max-wait: a duration, or `off` for none.
+    #[arg(long, value_name = "DURATION|off")]
+    pub max_wait: Option<String>,
+    /// Pin the tenant to this tier (automatic demotion does not move it).
+    #[arg(long)]
+    pub tier: Option<String>,
+    /// The override ends after this long, e.g. 72h.
+    #[arg(long, value_name = "DURATION", conflicts_with = "expires_at")]
+    pub expires_in: Option<String>,
+    /// The override ends at this time (RFC 3339).
+    #[arg(long, value_name = "TIME")]
+    pub expires_at: Option<String>,
+    /// Why (goes to the audit topic with your credential's name).
+    #[arg(long, required = true)]
+    pub reason: String,
+}
+
+/// `settle admin override remove`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct OverrideRemoveArgs {
+    /// The tenant.
+    pub tenant: String,
+    /// The version you last saw (`override list`).
+    #[arg(long)]
+    pub version: u64,
+    /// Why (goes to the audit topic with your credential's name).
+    #[arg(long, required = true)]
+    pub reason: String,
 }
 
 /// Selection of rounds (`GET /v1/pending` parameters, a bulk action's filter).
@@ -423,6 +489,21 @@ pub fn run(args: &AdminArgs, out: &mut impl Write) -> anyhow::Result<()> {
             }
             client.get("/v1/audit", &q)?
         }
+        AdminCommand::Override(OverrideCommand::List) => client.get("/v1/overrides", &[])?,
+        AdminCommand::Override(OverrideCommand::Set(a)) => client.send(
+            "PUT",
+            &format!("/v1/tenants/{}/override", path_segment(&a.tenant)),
+            &override_body(a),
+        )?,
+        AdminCommand::Override(OverrideCommand::Remove(a)) => {
+            let path = format!(
+                "/v1/tenants/{}/override?version={}&reason={}",
+                path_segment(&a.tenant),
+                a.version,
+                path_segment(&a.reason)
+            );
+            client.send("DELETE", &path, &Value::Null)?
+        }
     };
     if args.json {
         writeln!(out, "{}", answer.text.trim_end())?;
@@ -453,8 +534,111 @@ pub fn run(args: &AdminArgs, out: &mut impl Write) -> anyhow::Result<()> {
         AdminCommand::Pending(_) => print_pending(b, out)?,
         AdminCommand::Flush(_) | AdminCommand::Cancel(_) => print_action(answer.status, b, out)?,
         AdminCommand::Audit(_) => print_audit(b, out)?,
+        AdminCommand::Override(OverrideCommand::List) => print_overrides(b, out)?,
+        AdminCommand::Override(OverrideCommand::Set(a)) => writeln!(
+            out,
+            "override of {} {} (version {}): rule in force {}",
+            a.tenant,
+            if answer.status == 202 {
+                "written, not yet applied here (in flight)"
+            } else {
+                "set"
+            },
+            text(&b["override"]["version"]),
+            text(&b["tenant"]["rule"]),
+        )?,
+        AdminCommand::Override(OverrideCommand::Remove(a)) => writeln!(
+            out,
+            "override of {} removed: the config's rule applies again",
+            a.tenant
+        )?,
     }
     Ok(())
+}
+
+/// `s` percent-encoded for one URL path segment or query value (RFC 3986 unreserved
+/// characters kept).
+fn path_segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The `PUT /v1/tenants/{tenant}/override` body of `a` (the API checks every value and
+/// answers 400 naming the key).
+fn override_body(a: &OverrideSetArgs) -> Value {
+    let mut debounce = serde_json::Map::new();
+    for (key, v) in [
+        ("policy", &a.policy),
+        ("delay", &a.delay),
+        ("min-delay", &a.min_delay),
+        ("max-delay", &a.max_delay),
+        ("max-wait", &a.max_wait),
+    ] {
+        if let Some(v) = v {
+            debounce.insert(key.to_owned(), json!(v));
+        }
+    }
+    let mut body = json!({ "version": a.version, "debounce": debounce, "reason": a.reason });
+    if let Some(t) = &a.tier {
+        body["tier"] = json!(t);
+    }
+    if let Some(e) = &a.expires_in {
+        body["expires_in"] = json!(e);
+    }
+    if let Some(e) = &a.expires_at {
+        body["expires_at"] = json!(e);
+    }
+    body
+}
+
+/// The table of `GET /v1/overrides`.
+fn print_overrides(b: &Value, out: &mut impl Write) -> std::io::Result<()> {
+    let empty = Vec::new();
+    let rows: Vec<Vec<String>> = b["overrides"]
+        .as_array()
+        .unwrap_or(&empty)
+        .iter()
+        .map(|o| {
+            vec![
+                text(&o["tenant"]),
+                text(&o["version"]),
+                if o["in_force"] == true { "yes" } else { "no" }.to_owned(),
+                text(&o["rules"]["rule"]),
+                text(&o["tier"]),
+                text(&o["expires_at"]),
+                text(&o["who"]),
+                text(&o["reason"]),
+            ]
+        })
+        .collect();
+    writeln!(
+        out,
+        "{} override(s) in force (store {}); config default rule: {}",
+        text(&b["in_force"]),
+        text(&b["store"]),
+        text(&b["config"]["default"]),
+    )?;
+    table(
+        out,
+        &[
+            "TENANT",
+            "VERSION",
+            "IN FORCE",
+            "RULE IN FORCE",
+            "TIER",
+            "EXPIRES",
+            "WHO",
+            "REASON",
+        ],
+        &rows,
+    )
 }
 
 /// The `POST /v1/actions` body of `kind` with `a`.
@@ -813,5 +997,33 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("--due-before"));
+    }
+
+    #[test]
+    fn an_override_body_carries_only_the_keys_given() {
+        let a = OverrideSetArgs {
+            tenant: "acme".into(),
+            version: 3,
+            policy: Some("fixed".into()),
+            delay: Some("2m".into()),
+            min_delay: None,
+            max_delay: None,
+            max_wait: Some("off".into()),
+            tier: Some("normal".into()),
+            expires_in: Some("72h".into()),
+            expires_at: None,
+            reason: "INC-42".into(),
+        };
+        let b = override_body(&a);
+        assert_eq!(
+            b["debounce"],
+            json!({"policy": "fixed", "delay": "2m", "max-wait": "off"})
+        );
+        assert_eq!(
+            (b["version"].as_u64(), &b["tier"], &b["expires_in"]),
+            (Some(3), &json!("normal"), &json!("72h"))
+        );
+        assert!(b.get("expires_at").is_none());
+        assert_eq!(path_segment("a b/c:ü"), "a%20b%2Fc%3A%C3%BC");
     }
 }

@@ -87,7 +87,8 @@ async fn admin_cli_against_a_running_instance() -> Result<()> {
         clock,
         options(&dir.path().join("data")),
     )?
-    .with_actions(ActionLog::new(Some(MEMORY_AUDIT_TOPIC.into()), "settle-0"));
+    .with_actions(ActionLog::new(Some(MEMORY_AUDIT_TOPIC.into()), "settle-0"))
+    .with_overrides(Arc::new(broker.overrides()));
     let status = runtime.status();
     let mut creds = Credentials::default();
     creds.add_list(&format!("alice:{TOKEN}"), "test")?;
@@ -211,6 +212,84 @@ async fn admin_cli_against_a_running_instance() -> Result<()> {
                 .any(|l| l.contains("anonymous") && l.contains("refused")),
             "{audit}"
         );
+
+        // Tenant overrides: set (a token needed), listed, stale refused, removed.
+        let set = [
+            "override",
+            "set",
+            "acme",
+            "--version",
+            "0",
+            "--policy",
+            "fixed",
+            "--delay",
+            "2m",
+            "--max-wait",
+            "off",
+            "--tier",
+            "normal",
+            "--expires-in",
+            "72h",
+            "--reason",
+            "INC-42",
+        ];
+        let e = admin(&url, None, &set)?.expect_err("no token");
+        ensure!(e.contains("401"), "{e}");
+        let done = admin(&url, tf, &set)?.map_err(anyhow::Error::msg)?;
+        ensure!(
+            done.contains("override of acme set (version 1)") && done.contains("fixed"),
+            "{done}"
+        );
+        let list = admin(&url, None, &["override", "list"])?.map_err(anyhow::Error::msg)?;
+        ensure!(
+            list.contains("1 override(s) in force")
+                && list
+                    .lines()
+                    .any(|l| l.starts_with("acme ") && l.contains("alice") && l.contains("INC-42")),
+            "{list}"
+        );
+        let e = admin(&url, tf, &set)?.expect_err("stale version");
+        ensure!(e.contains("409"), "{e}");
+        let e = admin(
+            &url,
+            tf,
+            &[
+                "override",
+                "set",
+                "acme",
+                "--version",
+                "1",
+                "--policy",
+                "adaptive",
+                "--min-delay",
+                "5m",
+                "--max-delay",
+                "1m",
+                "--reason",
+                "x",
+            ],
+        )?
+        .expect_err("max-delay below min-delay");
+        ensure!(e.contains("400") && e.contains("max-delay"), "{e}");
+        let removed = admin(
+            &url,
+            tf,
+            &[
+                "override",
+                "remove",
+                "acme",
+                "--version",
+                "1",
+                "--reason",
+                "INC-42 over",
+            ],
+        )?
+        .map_err(anyhow::Error::msg)?;
+        ensure!(removed.contains("removed"), "{removed}");
+        let list = admin(&url, None, &["override", "list", "--json"])?;
+        let list: serde_json::Value =
+            serde_json::from_str(list.map_err(anyhow::Error::msg)?.trim())?;
+        ensure!(list["in_force"] == 0, "{list}");
 
         // Errors that say what to do.
         let e =

@@ -19,8 +19,8 @@ mod source_support;
 
 mod admin_actions;
 mod admin_api;
-mod admin_overrides;
 mod admin_auth;
+mod admin_overrides;
 mod admin_pending;
 mod codec_schema;
 mod engine_model;
