@@ -20,7 +20,10 @@
 //! default, 1 000], `PIPELINE_DIR` [a new directory under `/tmp`, removed at the end unless
 //! `PIPELINE_KEEP=1`], `PIPELINE_PHASE` [all; one phase name runs only that phase in this
 //! process, for profiling: `throughput`, `preload`, `live`, `restart`],
-//! `PIPELINE_WORKLOADS` [both; `new_sessions` or `coalescing`: one throughput workload].
+//! `PIPELINE_WORKLOADS` [both; `new_sessions` or `coalescing`: one throughput workload],
+//! `PIPELINE_LIST` [0; 1: an admin server on the live runtime and a thread that lists every
+//! pending round through `GET /v1/pending` in pages of 1 000, over and over, during the live
+//! window; page times reported].
 //!
 //! Results travel from a child to the parent as `RESULT <name> <value>` lines on stdout;
 //! everything else a child says goes to stderr.
@@ -122,6 +125,62 @@ fn block_on<F: std::future::Future<Output = Res<()>>>(f: F) -> Res<()> {
 }
 
 /// Prints one result for the parent.
+/// `PIPELINE_LIST=1`: during the live window a thread walks every pending round through
+/// the admin API (`GET /v1/pending`, pages of 1 000, cursor after cursor, over and over):
+/// what an operator's listing costs the partition that must keep its timers (issue 34).
+fn listing() -> bool {
+    std::env::var("PIPELINE_LIST").is_ok_and(|v| v == "1")
+}
+
+/// Walks `/v1/pending` at `base` in pages of 1 000 until `stop`; returns each page's time
+/// (ms) and the rounds listed.
+fn list_pending_until(
+    base: String,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> (Vec<u64>, u64, u64) {
+    use std::sync::atomic::Ordering;
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(30)))
+        .build()
+        .into();
+    let (mut pages, mut rounds, mut walks) = (Vec::new(), 0u64, 0u64);
+    let mut cursor: Option<String> = None;
+    while !stop.load(Ordering::Relaxed) {
+        let mut req = agent
+            .get(format!("{base}/v1/pending"))
+            .query("limit", "1000");
+        if let Some(c) = &cursor {
+            req = req.query("cursor", c);
+        }
+        let t = Instant::now();
+        let body: serde_json::Value = match req.call() {
+            Ok(mut r) => match r
+                .body_mut()
+                .read_to_string()
+                .map_err(|e| e.to_string())
+                .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
+            {
+                Ok(b) => b,
+                Err(e) => {
+                    eprintln!("listing: bad answer: {e}");
+                    break;
+                }
+            },
+            Err(e) => {
+                eprintln!("listing: {e}");
+                break;
+            }
+        };
+        pages.push(t.elapsed().as_millis() as u64);
+        rounds += body["rounds"].as_array().map_or(0, |r| r.len() as u64);
+        cursor = body["next_cursor"].as_str().map(str::to_owned);
+        if cursor.is_none() {
+            walks += 1;
+        }
+    }
+    (pages, rounds, walks)
+}
+
 fn result(name: &str, value: impl std::fmt::Display) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "RESULT {name} {value}");
@@ -188,6 +247,8 @@ fn upload_json(tenant: &str, session: &str, event_id: &str) -> String {
 /// A running runtime on `broker`.
 struct Running {
     status: StatusBoard,
+    /// The admin server on the runtime (`PIPELINE_LIST=1`): where the listing thread asks.
+    admin: Option<settle::admin::AdminServer>,
     /// The stores' shared memory budget (block cache, memtables, session cache).
     memory: settle::store::MemoryBudget,
     shutdown: CancellationToken,
@@ -195,15 +256,26 @@ struct Running {
 }
 
 impl Running {
-    fn start(broker: &MemoryBroker, options: RuntimeOptions) -> Res<Self> {
+    async fn start(broker: &MemoryBroker, options: RuntimeOptions) -> Res<Self> {
         let runtime = Runtime::new(engine(), broker.sink(), SystemClock, options)
             .map_err(|e| e.to_string())?;
         let status = runtime.status();
         let memory = runtime.memory();
+        let admin = if listing() {
+            let state = settle::admin::AdminState::new(&runtime);
+            let server =
+                settle::admin::AdminServer::start("127.0.0.1:0".parse().expect("addr"), state)
+                    .await
+                    .map_err(|e| format!("admin server: {e}"))?;
+            Some(server)
+        } else {
+            None
+        };
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(runtime.run(broker.source(GROUP), shutdown.clone()));
         Ok(Running {
             status,
+            admin,
             memory,
             shutdown,
             task,
@@ -299,7 +371,7 @@ async fn throughput(params: &Params) -> Res<()> {
         }
         eprintln!("throughput/{workload}: {n} records in the input; starting the runtime");
         let started = Instant::now();
-        let run = Running::start(&broker, options(params, &dir, 0))?;
+        let run = Running::start(&broker, options(params, &dir, 0)).await?;
         run.until(|s| s.next_offset >= Some(n as i64)).await?;
         let applied = started.elapsed();
         let snap = run.status.snapshot()[&0].clone();
@@ -475,7 +547,7 @@ async fn live(params: &Params) -> Res<()> {
         .map_err(|e| format!("{}: {e}", out_path.display()))?;
     let rss_before = rss_mib();
     let started = Instant::now();
-    let run = Running::start(&broker, options(params, &dir, 1_000))?;
+    let run = Running::start(&broker, options(params, &dir, 1_000)).await?;
     run.until(|s| s.state != PartitionState::Starting).await?;
     let opened = started.elapsed();
     let snap = run.status.snapshot()[&0].clone();
@@ -513,6 +585,12 @@ async fn live(params: &Params) -> Res<()> {
     result("live.overdue_released_ms", released.as_millis());
     let skip = broker.output_len();
 
+    let stop_listing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let lister = run.admin.as_ref().map(|a| {
+        let base = format!("http://{}", a.local_addr());
+        let stop = std::sync::Arc::clone(&stop_listing);
+        std::thread::spawn(move || list_pending_until(base, stop))
+    });
     let mut feed = LiveFeed::new(broker.clone(), params.live_rate);
     let window_end = feed.start + params.live_secs as Millis * 1000;
     let mut rss_max: f64 = 0.0;
@@ -531,6 +609,26 @@ async fn live(params: &Params) -> Res<()> {
             rss_samples.push(r);
             next_sample += Duration::from_millis(100);
         }
+    }
+    stop_listing.store(true, std::sync::atomic::Ordering::Relaxed);
+    if let Some(lister) = lister {
+        let (mut pages, rounds, walks) =
+            lister.join().map_err(|_| "the listing thread panicked")?;
+        pages.sort_unstable();
+        let q = |f: f64| {
+            pages
+                .get(((pages.len() as f64 * f) as usize).min(pages.len().saturating_sub(1)))
+                .copied()
+                .unwrap_or(0)
+        };
+        eprintln!(
+            "live: listing through /v1/pending during the window: {} pages of up to 1 000 ({rounds} rounds, {walks} full walks), page time p50 {} ms p99 {} ms max {} ms",
+            pages.len(), q(0.5), q(0.99), pages.last().copied().unwrap_or(0)
+        );
+        result("live.list_pages", pages.len());
+        result("live.list_rounds", rounds);
+        result("live.list_page_p50_ms", q(0.5));
+        result("live.list_page_p99_ms", q(0.99));
     }
     let snap = run.status.snapshot()[&0].clone();
     let rss_end = rss_mib();
@@ -628,7 +726,7 @@ async fn restart(params: &Params) -> Res<()> {
     let dir = store_dir(params);
     let broker = MemoryBroker::new(TOPIC, 1);
     let started = Instant::now();
-    let run = Running::start(&broker, options(params, &dir, 1_000))?;
+    let run = Running::start(&broker, options(params, &dir, 1_000)).await?;
     run.until(|s| s.state != PartitionState::Starting).await?;
     let opened = started.elapsed();
     let snap = run.status.snapshot()[&0].clone();
