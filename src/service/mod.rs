@@ -195,8 +195,14 @@ pub async fn run_until(config: &Config, shutdown: CancellationToken) -> anyhow::
             n.check_output_subjects(&config.tiers)?;
             let client = nats::connect(n).await?;
             let partitions = n.owned_partitions().len().max(1);
-            let js = nats::jetstream(client, options.publish_window.max(1) * partitions * 2);
-            let sink = NatsSink::new(js.clone(), n);
+            let in_flight = options.publish_window.max(1) * partitions * 2;
+            let js = nats::jetstream(client, in_flight);
+            // The changelog's appends (a message per store change, every partition) on a
+            // connection of their own, and the input's fetches and acks on another (below):
+            // one NATS connection is one handler task and one socket, and on a shared one
+            // each partition's fetch waited behind everyone's appends (issue 33's soak).
+            let changelog_js = nats::jetstream(nats::connect(n).await?, in_flight);
+            let sink = NatsSink::with_changelog_on(js.clone(), changelog_js, n);
             let counts = nats::TierCountsBucket::new(js.clone(), n)
                 .map(|c| (Arc::new(c) as Arc<dyn TierCounts>, n.instance_name()));
             let actions = nats::NatsActions::new(js.clone(), n);
@@ -207,7 +213,8 @@ pub async fn run_until(config: &Config, shutdown: CancellationToken) -> anyhow::
             let actions = (Arc::new(actions) as Arc<dyn ActionChannel>, log);
             let overrides = nats::OverridesBucket::new(js.clone(), n)
                 .map(|b| Arc::new(b) as Arc<dyn OverrideStore>);
-            let source = NatsSource::new(js, n, &config.tiers);
+            let input_js = nats::jetstream(nats::connect(n).await?, 1);
+            let source = NatsSource::new(input_js, n, &config.tiers);
             let shared = Shared {
                 counts,
                 actions,

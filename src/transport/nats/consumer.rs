@@ -18,6 +18,7 @@ use futures::StreamExt;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 /// [`Source`] of the static assignment: at the first call it creates the streams if missing
@@ -95,6 +96,32 @@ pub struct NatsInput {
     /// Redeliveries below the position dropped since the last poll returned
     /// (`InputBatch::skipped`).
     skipped: u64,
+    /// The partition's ack sender ([`NatsInput::commit`]): a task that publishes the acks of
+    /// committed messages in order, so the partition task never waits on them.
+    acker: Option<mpsc::UnboundedSender<Vec<Subject>>>,
+}
+
+/// Publishes the ack subjects it receives, in order, on `client`. An ack that fails is
+/// only logged: its message comes back after `nats.ack-wait`, lies below the partition's
+/// position then and is dropped (and acked) as a redelivery.
+async fn ack_task(
+    client: async_nats::Client,
+    partition: i32,
+    mut batches: mpsc::UnboundedReceiver<Vec<Subject>>,
+) {
+    while let Some(batch) = batches.recv().await {
+        for reply in batch {
+            match tokio::time::timeout(CALL_TIMEOUT, client.publish(reply, Bytes::new())).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::debug!(partition, error = %e, "nats: ack not sent; the message comes back after ack-wait and is dropped as applied")
+                }
+                Err(_) => {
+                    tracing::debug!(partition, "nats: ack timed out; the message comes back after ack-wait and is dropped as applied")
+                }
+            }
+        }
+    }
 }
 
 /// How a fetch ended.
@@ -121,6 +148,7 @@ impl NatsInput {
             acks: VecDeque::new(),
             lag: None,
             skipped: 0,
+            acker: None,
         }
     }
 
@@ -475,19 +503,32 @@ impl PartitionInput for NatsInput {
         Some(partition_for_key(key, self.config.partitions))
     }
 
+    /// Hands the acks of every message below `next_offset` to the partition's ack task
+    /// ([`ack_task`]) without waiting for them to be sent: on one connection shared by
+    /// every partition, publishing hundreds of acks inline held the partition's loop (and
+    /// its timers) for tens of milliseconds a commit (issue 33's NATS soak).
     async fn commit(&mut self, next_offset: i64) -> Result<(), Error> {
         let next = next_offset.max(0) as u64;
         self.committed = self.committed.max(next);
-        while let Some((seq, _)) = self.acks.front() {
-            if *seq >= next {
-                break;
+        let mut batch = Vec::new();
+        while self.acks.front().is_some_and(|(seq, _)| *seq < next) {
+            if let Some((_, reply)) = self.acks.pop_front() {
+                batch.push(reply);
             }
-            let Some((seq, reply)) = self.acks.pop_front() else {
-                break;
-            };
-            if let Err(e) = self.send_ack(reply.clone()).await {
-                self.acks.push_front((seq, reply));
-                return Err(e);
+        }
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let acker = self.acker.get_or_insert_with(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            tokio::spawn(ack_task(self.js.client(), self.partition, rx));
+            tx
+        });
+        if let Err(mpsc::error::SendError(batch)) = acker.send(batch) {
+            // The task is gone (the runtime is stopping): send them here.
+            self.acker = None;
+            for reply in batch {
+                self.send_ack(reply).await?;
             }
         }
         Ok(())

@@ -41,10 +41,21 @@ pub struct NatsSink {
 
 impl NatsSink {
     /// A sink publishing through `js` for the streams of `config`, with the changelog of
-    /// `nats.changelog-stream` unless it is `""` (`transport::nats::changelog`).
+    /// `nats.changelog-stream` unless it is `""` (`transport::nats::changelog`) on `js` too.
     pub fn new(js: jetstream::Context, config: &NatsConfig) -> Self {
+        Self::with_changelog_on(js.clone(), js, config)
+    }
+
+    /// [`NatsSink::new`] with the changelog appended and read through `changelog_js` (a
+    /// connection of its own: `settle run` keeps the many small changelog appends off the
+    /// connection that publishes ready records).
+    pub fn with_changelog_on(
+        js: jetstream::Context,
+        changelog_js: jetstream::Context,
+        config: &NatsConfig,
+    ) -> Self {
         NatsSink {
-            changelog: NatsChangelog::new(js.clone(), config),
+            changelog: NatsChangelog::new(changelog_js, config),
             js,
             input_stream: config.input_stream.as_str().into(),
             dead_letter_subject: config.dead_letter_subject.as_str().into(),
