@@ -303,8 +303,10 @@ fn log_start(config: &Config, file: Option<&Path>) {
             let n = &config.nats;
             tracing::info!(
                 config = %shown,
-                servers = %n.servers,
+                servers = %n.servers_shown(),
                 stream = %n.input_stream,
+                changelog = n.changelog().as_deref().unwrap_or("(off)"),
+                tier_counts = n.tier_counts().as_deref().unwrap_or("(off)"),
                 instance = n.instance,
                 instances = n.instances,
                 partitions = ?n.owned_partitions(),

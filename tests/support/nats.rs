@@ -70,9 +70,9 @@ impl Setup {
             input_subject_prefix: format!("t{id}.uploads"),
             dead_letter_subject: format!("t{id}.dlq"),
             consumer_prefix: format!("c{id}"),
-            changelog_stream: format!("T_{id}_CL"),
-            changelog_subject_prefix: format!("t{id}.changelog"),
-            tier_counts_bucket: format!("T_{id}_TC"),
+            changelog_stream: Some(format!("T_{id}_CL")),
+            changelog_subject_prefix: Some(format!("t{id}.changelog")),
+            tier_counts_bucket: Some(format!("T_{id}_TC")),
             partitions,
             storage,
             ..NatsConfig::default()
@@ -227,10 +227,9 @@ impl Setup {
     /// Deletes the test's streams (with their consumers), changelog streams and tier-counts
     /// bucket included.
     pub async fn cleanup(&self) {
-        let _ = self
-            .js
-            .delete_key_value(&self.nats.tier_counts_bucket)
-            .await;
+        if let Some(bucket) = self.nats.tier_counts() {
+            let _ = self.js.delete_key_value(&bucket).await;
+        }
         for s in [&self.nats.input_stream, &self.nats.output_stream] {
             let _ = self.js.delete_stream(s).await;
         }
@@ -259,10 +258,7 @@ instances = {instances}
 consumer-prefix = "{consumers}"
 dead-letter-subject = "{dlq}"
 output-stream = "{output}"
-changelog-stream = "{changelog}"
-changelog-subject-prefix = "{changelog_prefix}"
-tier-counts-bucket = "{tier_counts}"
-storage = "memory"
+{names}storage = "memory"
 
 [tiers]
 events-topic = "{events}"
@@ -280,9 +276,14 @@ topic = "{limited}"
             consumers = n.consumer_prefix,
             dlq = n.dead_letter_subject,
             output = n.output_stream,
-            changelog = n.changelog_stream,
-            changelog_prefix = n.changelog_subject_prefix,
-            tier_counts = n.tier_counts_bucket,
+            names = [
+                ("changelog-stream", &n.changelog_stream),
+                ("changelog-subject-prefix", &n.changelog_subject_prefix),
+                ("tier-counts-bucket", &n.tier_counts_bucket),
+            ]
+            .iter()
+            .filter_map(|(k, v)| Some(format!("{k} = \"{}\"\n", v.as_ref()?)))
+            .collect::<String>(),
             events = self.tiers.events_topic,
             normal = self.tier_subject("normal"),
             limited = self.tier_subject("limited"),

@@ -36,7 +36,7 @@ impl TierCountsBucket {
     /// The tier-counts bucket of `config`, `None` when sharing is off (`""`). Nothing is
     /// asked of the server until first use.
     pub fn new(js: jetstream::Context, config: &NatsConfig) -> Option<Self> {
-        let bucket = config.tier_counts()?.to_owned();
+        let bucket = config.tier_counts()?;
         Some(TierCountsBucket {
             js,
             bucket,
