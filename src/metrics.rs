@@ -102,6 +102,12 @@ pub const TENANTS_TRACKED: &str = "settle_tenants_tracked";
 pub const TENANTS_DEMOTED: &str = "settle_tenants_demoted";
 /// Gauge `{version}`: always 1; the version of the running binary.
 pub const BUILD_INFO: &str = "settle_build_info";
+/// Gauge: NATS input partitions no live instance owns, as this instance sees the assignment
+/// records in the tier-counts bucket (`nats.heartbeat-interval`): after a scale-down that
+/// left `nats.instances` too high, or while an instance is down. 0 elsewhere.
+pub const PARTITIONS_UNOWNED: &str = "settle_partitions_unowned";
+/// Gauge: live NATS instances whose `nats.instances` differs from this instance's.
+pub const INSTANCES_DISAGREEING: &str = "settle_instances_disagreeing";
 
 /// Buckets of [`EMISSION_LATENESS`] (seconds).
 const LATENESS_BUCKETS: &[f64] = &[
@@ -193,6 +199,8 @@ struct Inner {
     tier_changes: IntCounterVec,
     tenants_tracked: IntGauge,
     tenants_demoted: IntGauge,
+    partitions_unowned: IntGauge,
+    instances_disagreeing: IntGauge,
     /// Acknowledged emissions and the uploads in them (for [`COALESCING_RATIO`]).
     emitted: AtomicU64,
     coalesced: AtomicU64,
@@ -372,6 +380,20 @@ impl Metrics {
         build_info
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1);
+        let partitions_unowned = b.add(
+            IntGauge::new(
+                PARTITIONS_UNOWNED,
+                "NATS input partitions no live instance owns (assignment records, nats.heartbeat-interval).",
+            )
+            .expect("valid metric"),
+        );
+        let instances_disagreeing = b.add(
+            IntGauge::new(
+                INSTANCES_DISAGREEING,
+                "Live NATS instances whose nats.instances differs from this instance's.",
+            )
+            .expect("valid metric"),
+        );
         for state in STATES {
             partitions.with_label_values(&[state]).set(0);
         }
@@ -403,11 +425,19 @@ impl Metrics {
                 tier_changes,
                 tenants_tracked,
                 tenants_demoted,
+                partitions_unowned,
+                instances_disagreeing,
                 emitted: AtomicU64::new(0),
                 coalesced: AtomicU64::new(0),
                 refreshing: Mutex::new(()),
             }),
         }
+    }
+
+    /// Sets [`PARTITIONS_UNOWNED`] and [`INSTANCES_DISAGREEING`] (NATS assignment check).
+    pub fn set_assignment(&self, unowned: usize, disagreeing: usize) {
+        self.inner.partitions_unowned.set(unowned as i64);
+        self.inner.instances_disagreeing.set(disagreeing as i64);
     }
 
     /// The registry (to gather or encode).
@@ -707,7 +737,7 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), n);
-        assert_eq!(n, 22);
+        assert_eq!(n, 24);
     }
 
     #[test]

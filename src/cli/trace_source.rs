@@ -323,10 +323,15 @@ impl Collector {
             self.summary.outside_range += 1;
             return;
         }
-        let decoded = codec::decode_upload(key, payload, ts, self.wall).and_then(|u| {
+        // NATS (key partitions known): the key header is optional, as `settle run` reads it.
+        let rule = match self.key_partitions {
+            Some(_) => codec::KeyRule::Optional,
+            None => codec::KeyRule::Required,
+        };
+        let decoded = codec::decode_upload_with(rule, key, payload, ts, self.wall).and_then(|u| {
             match self.key_partitions {
                 Some(n) => {
-                    let expected = nats::partition_for_key(key.unwrap_or_default(), n);
+                    let expected = nats::partition_for_key(u.key.as_str().as_bytes(), n);
                     if expected == partition {
                         Ok(u)
                     } else {

@@ -20,6 +20,7 @@
 //! was paused longer than it may own partitions), a partition failed (the message names the
 //! first one and why), or the stop outlived its hard stop; 130 on a second signal.
 
+pub mod assignments;
 pub mod signals;
 
 pub use signals::{shutdown_on_signals, SignalThread};
@@ -28,6 +29,7 @@ use crate::admin::AdminServer;
 use crate::config::kafka::ProcessingGuarantee;
 use crate::config::{Config, Transport};
 use crate::engine::Engine;
+use crate::metrics::Metrics;
 use crate::runtime::{
     progress, ActionLog, Clock as _, PartitionExit, RunSummary, Runtime, RuntimeOptions,
     SystemClock,
@@ -173,7 +175,7 @@ pub async fn run_until(config: &Config, shutdown: CancellationToken) -> anyhow::
             tokio::spawn(async move { creating.ensure_audit_topic().await });
             let log = ActionLog::new(Some(kafka::KafkaActions::audit_topic(k)), &k.instance_id());
             let actions = (Arc::new(actions) as Arc<dyn ActionChannel>, log);
-            serve(config, options, source, sink, counts, actions, shutdown).await
+            serve(config, options, source, sink, counts, actions, None, shutdown).await
         }
         Transport::Nats => {
             let n = &config.nats;
@@ -191,14 +193,35 @@ pub async fn run_until(config: &Config, shutdown: CancellationToken) -> anyhow::
             }
             let log = ActionLog::new(Some(actions.subject().to_owned()), &n.instance_name());
             let actions = (Arc::new(actions) as Arc<dyn ActionChannel>, log);
+            let heartbeat: Option<Beside> = match nats::TierCountsBucket::new(js.clone(), n) {
+                Some(bucket) => {
+                    let n = n.clone();
+                    Some(Box::new(move |metrics, stop| {
+                        Box::pin(assignments::watch(bucket, n, metrics, stop))
+                    }))
+                }
+                None => {
+                    tracing::warn!("nats.tier-counts-bucket is off: the instances do not exchange their assignments, so partitions nobody owns (a scale-down that left nats.instances too high) go unnoticed");
+                    None
+                }
+            };
             let source = NatsSource::new(js, n, &config.tiers);
-            serve(config, options, source, sink, counts, actions, shutdown).await
+            serve(
+                config, options, source, sink, counts, actions, heartbeat, shutdown,
+            )
+            .await
         }
     }
 }
 
-/// What every transport shares: the runtime over `source` and `sink`, the admin server and
-/// the progress watch, until `shutdown`.
+/// A task of a transport that runs beside the runtime for as long as it runs, given the
+/// runtime's metrics and a token cancelled when it stops (NATS: [`assignments::watch`]).
+type Beside =
+    Box<dyn FnOnce(Metrics, CancellationToken) -> futures::future::BoxFuture<'static, ()> + Send>;
+
+/// What every transport shares: the runtime over `source` and `sink`, the admin server, the
+/// progress watch and the transport's `beside` task, until `shutdown`.
+#[allow(clippy::too_many_arguments)]
 async fn serve<S: Source, K: Sink>(
     config: &Config,
     options: RuntimeOptions,
@@ -206,6 +229,7 @@ async fn serve<S: Source, K: Sink>(
     sink: K,
     counts: Option<(Arc<dyn TierCounts>, String)>,
     (channel, log): (Arc<dyn ActionChannel>, ActionLog),
+    beside: Option<Beside>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<RunSummary> {
     let mut runtime = Runtime::new(
@@ -230,9 +254,13 @@ async fn serve<S: Source, K: Sink>(
     let tail = tokio::spawn(tail_audit(Arc::clone(&channel), log));
     let admin = AdminServer::start_for(&config.admin, &runtime, Some(channel)).await?;
     let watch = tokio::spawn(progress::watch(runtime.status(), shutdown.clone()));
+    let beside = beside.map(|task| tokio::spawn(task(runtime.metrics(), shutdown.child_token())));
     let drill = signals::drill_block_workers(runtime.status());
     let summary = runtime.run(source, shutdown).await;
     watch.abort();
+    if let Some(beside) = beside {
+        beside.abort();
+    }
     tail.abort();
     if let Some(drill) = drill {
         drill.abort();

@@ -112,6 +112,17 @@ impl Setup {
         json: &[u8],
         msg_id: Option<&str>,
     ) -> Result<(i32, u64)> {
+        self.publish_with(key, json, msg_id, true).await
+    }
+
+    /// [`Setup::publish`] with header `settle-key` only when `key_header` (it is optional).
+    pub async fn publish_with(
+        &self,
+        key: &str,
+        json: &[u8],
+        msg_id: Option<&str>,
+        key_header: bool,
+    ) -> Result<(i32, u64)> {
         let (p, ack) = nats::publish_upload(
             &self.js,
             &self.nats.input_subject_prefix,
@@ -119,6 +130,7 @@ impl Setup {
             key,
             json,
             msg_id,
+            key_header,
         )
         .await?;
         Ok((p, ack.await?.sequence))
@@ -325,11 +337,17 @@ pub fn trace_of(input: &[StreamRecord], partitions: u32) -> Result<String> {
     let mut lines: Vec<(i64, i32, u64, String)> = Vec::new();
     for r in input {
         let key = r.header(nats::KEY_HEADER).map(str::as_bytes);
-        if codec::decode_upload(key, &r.payload, r.timestamp_ms, i64::MAX).is_err() {
+        let Ok(upload) = codec::decode_upload_with(
+            codec::KeyRule::Optional,
+            key,
+            &r.payload,
+            r.timestamp_ms,
+            i64::MAX,
+        ) else {
             continue;
-        }
+        };
         let partition = r.partition().context("input subject without a partition")?;
-        let owner = nats::partition_for_key(key.unwrap_or_default(), partitions);
+        let owner = nats::partition_for_key(upload.key.as_str().as_bytes(), partitions);
         if partition != owner {
             continue; // dead-lettered as wrong_partition
         }

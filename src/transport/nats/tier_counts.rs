@@ -9,6 +9,11 @@
 //! * **Feed**: `watch_all` (new values only).
 //!
 //! KV keys are `[-/_=.A-Za-z0-9]+`: [`kv_key`] replaces anything else in an instance name.
+//!
+//! The bucket also holds each instance's partition assignment under
+//! `assignment.<instance>` ([`ASSIGNMENT_PREFIX`], [`TierCountsBucket::put_assignment`],
+//! [`TierCountsBucket::read_assignments`]; `service::assignments` checks them for partitions
+//! nobody owns); the tier-count reads and the feed skip those keys.
 
 use super::{unavailable, NatsConfig, Storage};
 use crate::transport::{Error, TierCounts, TierCountsFeed};
@@ -103,6 +108,55 @@ impl TierCountsBucket {
     }
 }
 
+/// Key prefix of the assignment records in the bucket (module docs).
+pub const ASSIGNMENT_PREFIX: &str = "assignment.";
+
+impl TierCountsBucket {
+    /// Writes `record` as instance `instance`'s assignment (`assignment.<instance>`).
+    ///
+    /// Errors: [`Error::Unavailable`] when the bucket cannot be opened or written.
+    pub async fn put_assignment(&self, instance: &str, record: Vec<u8>) -> Result<(), Error> {
+        let key = format!("{ASSIGNMENT_PREFIX}{}", kv_key(instance));
+        let store = self.store().await?;
+        if let Err(e) = store.put(key, record.into()).await {
+            self.forget().await;
+            return Err(unavailable(format!(
+                "assignment put to {}: {e}",
+                self.bucket
+            )));
+        }
+        Ok(())
+    }
+
+    /// Every assignment record in the bucket (of live instances and of gone ones: the
+    /// caller decides by their time).
+    ///
+    /// Errors: [`Error::Unavailable`] when the bucket cannot be read.
+    pub async fn read_assignments(&self) -> Result<Vec<Vec<u8>>, Error> {
+        let store = self.store().await?;
+        let mut keys = store
+            .keys()
+            .await
+            .map_err(|e| unavailable(format!("assignment keys: {e}")))?;
+        let mut names = Vec::new();
+        while let Some(k) = keys.next().await {
+            let k = k.map_err(|e| unavailable(format!("assignment keys: {e}")))?;
+            if k.starts_with(ASSIGNMENT_PREFIX) {
+                names.push(k);
+            }
+        }
+        let mut out = Vec::with_capacity(names.len());
+        for k in names {
+            match store.get(k).await {
+                Ok(Some(v)) if !v.is_empty() => out.push(v.to_vec()),
+                Ok(_) => {}
+                Err(e) => return Err(unavailable(format!("assignment get: {e}"))),
+            }
+        }
+        Ok(out)
+    }
+}
+
 /// `instance` as a KV key: every byte outside `[-_=.A-Za-z0-9]` becomes `_` (`/` too, so a
 /// key is one token); empty becomes `_`.
 pub fn kv_key(instance: &str) -> String {
@@ -156,7 +210,10 @@ impl TierCounts for TierCountsBucket {
                     .map_err(|e| unavailable(format!("tier-counts keys: {e}")))?;
                 let mut names = Vec::new();
                 while let Some(k) = keys.next().await {
-                    names.push(k.map_err(|e| unavailable(format!("tier-counts keys: {e}")))?);
+                    let k = k.map_err(|e| unavailable(format!("tier-counts keys: {e}")))?;
+                    if !k.starts_with(ASSIGNMENT_PREFIX) {
+                        names.push(k);
+                    }
                 }
                 let mut out = Vec::with_capacity(names.len());
                 for k in names {
@@ -200,7 +257,10 @@ impl TierCountsFeed for Watch {
             loop {
                 match self.watch.next().await {
                     Some(Ok(entry)) => {
-                        if entry.operation == kv::Operation::Put && !entry.value.is_empty() {
+                        if entry.operation == kv::Operation::Put
+                            && !entry.value.is_empty()
+                            && !entry.key.starts_with(ASSIGNMENT_PREFIX)
+                        {
                             return Ok(entry.value.to_vec());
                         }
                     }
