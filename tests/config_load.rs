@@ -523,7 +523,10 @@ fn nats_secrets_from_files_are_applied_and_never_shown() {
         settle::cli::check_config::run(Path::new("settle.toml"), &mut out)
             .map_err(|e| e.to_string())?;
         let out = String::from_utf8(out).map_err(|e| e.to_string())?;
-        assert!(!out.contains("s3cret"), "check-config shows a secret:\n{out}");
+        assert!(
+            !out.contains("s3cret"),
+            "check-config shows a secret:\n{out}"
+        );
         let want = format!(
             "password-file = <redacted> (from file {})",
             dir.join("nats-pass").display()

@@ -289,7 +289,11 @@ impl NatsConfig {
             })?;
         }
         for (inline, file, key) in [
-            (self.token.is_some(), self.token_file.is_some(), "nats.token-file"),
+            (
+                self.token.is_some(),
+                self.token_file.is_some(),
+                "nats.token-file",
+            ),
             (
                 self.password.is_some(),
                 self.password_file.is_some(),
@@ -542,15 +546,11 @@ impl NatsConfig {
     /// is not UTF-8 or holds only whitespace (the content is never in the message).
     pub fn read_secret_files(&mut self) -> Result<(), NatsConfigError> {
         fn read(key: &str, path: &std::path::Path) -> Result<Secret, NatsConfigError> {
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                KeyError::new(key, format!("cannot read {}: {e}", path.display()))
-            })?;
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| KeyError::new(key, format!("cannot read {}: {e}", path.display())))?;
             let value = text.trim();
             if value.is_empty() {
-                return Err(KeyError::new(
-                    key,
-                    format!("{} is empty", path.display()),
-                ));
+                return Err(KeyError::new(key, format!("{} is empty", path.display())));
             }
             Ok(Secret(value.to_owned()))
         }

@@ -175,7 +175,10 @@ pub async fn run_until(config: &Config, shutdown: CancellationToken) -> anyhow::
             tokio::spawn(async move { creating.ensure_audit_topic().await });
             let log = ActionLog::new(Some(kafka::KafkaActions::audit_topic(k)), &k.instance_id());
             let actions = (Arc::new(actions) as Arc<dyn ActionChannel>, log);
-            serve(config, options, source, sink, counts, actions, None, shutdown).await
+            serve(
+                config, options, source, sink, counts, actions, None, shutdown,
+            )
+            .await
         }
         Transport::Nats => {
             let n = &config.nats;

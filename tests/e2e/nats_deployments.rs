@@ -12,11 +12,18 @@
 //! 3. `nats_upload_without_key_header_is_applied_wrong_header_dead_lettered`: an upload
 //!    without `settle-key` is applied (the key comes from the body), one whose header
 //!    disagrees with the body is dead-lettered as `key_mismatch`.
+//! 4. `nats_scale_down_leaves_partitions_unowned_and_says_so` (item 7): two `settle run`
+//!    processes, instances 0 and 1 of 2, heartbeat every second; instance 1 is killed with
+//!    SIGKILL: once its assignment record is older than 3 intervals, instance 0 exports
+//!    `settle_partitions_unowned` = its 2 partitions and logs the WARN naming them (0 while
+//!    both ran).
 //!
 //! Uses the server of `SETTLE_TEST_NATS`, else 127.0.0.1:4222; under CI a missing server is
 //! a failure.
 
+use crate::admin_support::{try_get, Scrape};
 use crate::nats_support;
+use crate::process_support::{self, json_log, start_run_logged, JsonLog};
 
 use anyhow::{ensure, Context as _, Result};
 use nats_support::{server, Setup, STEP};
@@ -73,7 +80,16 @@ async fn nats_two_deployments_with_default_names_run_side_by_side() -> Result<()
         cl_a.is_some() && cl_a != cl_b && a.nats.tier_counts() != b.nats.tier_counts(),
         "derived names must differ: {cl_a:?} {cl_b:?}"
     );
-    ensure!(cl_a.as_deref() == Some(format!("{}_{}_CHANGELOG", a.nats.input_stream, a.nats.consumer_prefix).as_str()));
+    ensure!(
+        cl_a.as_deref()
+            == Some(
+                format!(
+                    "{}_{}_CHANGELOG",
+                    a.nats.input_stream, a.nats.consumer_prefix
+                )
+                .as_str()
+            )
+    );
     let sessions = ["s1", "s2", "s3", "s4"];
     publish(&a, "ta", &sessions, "u1").await?;
     publish(&b, "tb", &sessions, "u1").await?;
@@ -87,7 +103,10 @@ async fn nats_two_deployments_with_default_names_run_side_by_side() -> Result<()
     let (got_a, got_b) = (emitted(&a, 4).await?, emitted(&b, 4).await?);
     for (got, tenant) in [(&got_a, "ta"), (&got_b, "tb")] {
         ensure!(
-            got.len() == 4 && got.iter().all(|e| e.key.tenant() == tenant && e.generation == 1),
+            got.len() == 4
+                && got
+                    .iter()
+                    .all(|e| e.key.tenant() == tenant && e.generation == 1),
             "{tenant}: its own 4 rounds, got {got:?}"
         );
     }
@@ -163,10 +182,17 @@ async fn nats_changelog_of_another_input_is_refused() -> Result<()> {
             format!("reads input stream {}", c.nats.input_stream),
             "nats.changelog-stream".to_owned(),
         ] {
-            ensure!(text.contains(&words), "partition {}: {text} lacks {words:?}", s.partition);
+            ensure!(
+                text.contains(&words),
+                "partition {}: {text} lacks {words:?}",
+                s.partition
+            );
         }
     }
-    ensure!(run.stop().await.is_err(), "the failed partitions are reported");
+    ensure!(
+        run.stop().await.is_err(),
+        "the failed partitions are reported"
+    );
     // Nothing of A's state was taken: C emitted nothing.
     ensure!(c.emitted("normal", 0).await?.is_empty());
     println!("another input's changelog refused");
@@ -194,7 +220,11 @@ async fn nats_upload_without_key_header_is_applied_wrong_header_dead_lettered() 
             .publish_with(&key, upload_json("kh", s, "u2", "").as_bytes(), None, true)
             .await?;
         setup
-            .publish_to(p, &format!("kh/{s}-other"), upload_json("kh", s, "u3", "").as_bytes())
+            .publish_to(
+                p,
+                &format!("kh/{s}-other"),
+                upload_json("kh", s, "u3", "").as_bytes(),
+            )
             .await?;
     }
     let dir = tempfile::tempdir()?;
@@ -208,12 +238,127 @@ async fn nats_upload_without_key_header_is_applied_wrong_header_dead_lettered() 
         "each round holds the upload without header and the one with the right header: {got:?}"
     );
     let dlq = setup.dead_letters(4).await?;
-    ensure!(dead == 4 && dlq.len() == 4, "{dead} dead letters, {} on the subject", dlq.len());
+    ensure!(
+        dead == 4 && dlq.len() == 4,
+        "{dead} dead letters, {} on the subject",
+        dlq.len()
+    );
     for d in &dlq {
-        ensure!(d.header(DLQ_REASON_HEADER) == Some("key_mismatch"), "{:?}", d.headers);
-        ensure!(d.header(nats::KEY_HEADER).is_some_and(|k| k.ends_with("-other")));
+        ensure!(
+            d.header(DLQ_REASON_HEADER) == Some("key_mismatch"),
+            "{:?}",
+            d.headers
+        );
+        ensure!(d
+            .header(nats::KEY_HEADER)
+            .is_some_and(|k| k.ends_with("-other")));
     }
     println!("uploads without settle-key applied; 4 wrong headers dead-lettered");
     setup.cleanup().await;
+    Ok(())
+}
+
+/// The WARN of an instance that sees partitions nobody owns (`service::assignments`).
+const UNOWNED: &str = "nats: PARTITIONS NOBODY OWNS: no live instance reads them, their uploads wait and their rounds do not fire. An instance is down, or the deployment was scaled down without lowering nats.instances: start the missing instance(s) or set nats.instances on every instance to the number running (settle_partitions_unowned)";
+
+/// `settle_partitions_unowned` of the process whose admin server is at `admin`, if it
+/// answers.
+fn unowned_gauge(rt: &tokio::runtime::Runtime, admin: &str) -> Option<f64> {
+    let addr = admin.parse().ok()?;
+    let (status, text) = rt.block_on(try_get(addr, "/metrics")).ok()?;
+    (status == 200).then(|| Scrape::parse(&text).sum("settle_partitions_unowned", &[]))
+}
+
+#[test]
+fn nats_scale_down_leaves_partitions_unowned_and_says_so() -> Result<()> {
+    let Some(addr) = server("nats_scale_down_leaves_partitions_unowned_and_says_so") else {
+        return Ok(());
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let setup = rt.block_on(Setup::new(&addr, "scale", Storage::Memory, 4))?;
+    let dir = tempfile::tempdir()?;
+    let mut procs = Vec::new();
+    for index in 0..2u32 {
+        let text = format!(
+            "transport = \"nats\"\n{}{}",
+            process_support::debounce_store_runtime(
+                &dir.path().join(format!("data-{index}")),
+                std::time::Duration::from_secs(10)
+            ),
+            setup.run_config_sections(index, 2)
+        );
+        let config = dir.path().join(format!("i{index}.toml"));
+        std::fs::write(&config, text)?;
+        let admin = process_support::Tansu::free_addr()?;
+        let log = dir.path().join(format!("i{index}.log"));
+        let child = start_run_logged(
+            &config,
+            &[
+                ("SETTLE_NATS__HEARTBEAT_INTERVAL", "1s"),
+                ("SETTLE_ADMIN__LISTEN", admin.as_str()),
+            ],
+            &log,
+        )?;
+        procs.push((child, admin, log));
+    }
+    let log0 = |procs: &[(std::process::Child, String, std::path::PathBuf)]| -> Result<JsonLog> {
+        json_log(&procs[0].2)
+    };
+    // Both running: after more than 3 heartbeats, nothing is unowned.
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < std::time::Duration::from_secs(6) {
+        for (child, _, log) in procs.iter_mut() {
+            if let Some(status) = child.try_wait()? {
+                anyhow::bail!(
+                    "settle run exited ({status}):\n{}",
+                    json_log(log)?.trouble(20)
+                );
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    ensure!(
+        unowned_gauge(&rt, &procs[0].1) == Some(0.0),
+        "both instances run: {:?}",
+        unowned_gauge(&rt, &procs[0].1)
+    );
+    ensure!(log0(&procs)?.with_message(UNOWNED).next().is_none());
+
+    // Instance 1 is gone (no lowering of nats.instances): its partitions 1 and 3 are unowned.
+    procs[1].0.kill()?;
+    procs[1].0.wait()?;
+    let killed = std::time::Instant::now();
+    loop {
+        if unowned_gauge(&rt, &procs[0].1) == Some(2.0) {
+            break;
+        }
+        ensure!(
+            killed.elapsed() < STEP,
+            "settle_partitions_unowned not 2: {:?}\n{}",
+            unowned_gauge(&rt, &procs[0].1),
+            log0(&procs)?.trouble(20)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let noticed = killed.elapsed();
+    ensure!(
+        noticed >= std::time::Duration::from_secs(2),
+        "reported after {noticed:?}, before the record was 3 intervals old"
+    );
+    let log = log0(&procs)?;
+    let warns: Vec<_> = log.with_message(UNOWNED).collect();
+    ensure!(
+        warns.len() == 1
+            && warns[0].level == "WARN"
+            && warns[0].partitions("unowned") == Some(vec![1, 3]),
+        "one WARN naming partitions 1 and 3: {:?}",
+        warns.iter().map(|e| e.brief()).collect::<Vec<_>>()
+    );
+    process_support::sigterm(&mut procs[0].0, std::time::Duration::from_secs(10))?;
+    println!("instance 1 killed: instance 0 reported partitions [1, 3] unowned after {noticed:?}");
+    rt.block_on(setup.cleanup());
     Ok(())
 }

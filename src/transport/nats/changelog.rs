@@ -268,7 +268,11 @@ impl NatsChangelog {
             stream.get_last_raw_message_by_subject(&subject),
         )
         .await
-        .map_err(|_| unavailable(format!("changelog writer record of partition {partition}: timed out")))?;
+        .map_err(|_| {
+            unavailable(format!(
+                "changelog writer record of partition {partition}: timed out"
+            ))
+        })?;
         let headers = match found {
             Ok(m) => m.headers,
             Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(()),
@@ -748,7 +752,10 @@ mod tests {
             partitions: 4,
             ..NatsConfig::default()
         };
-        assert!(check_binding(&config, "CL-0", None, None).is_ok(), "old: adopted");
+        assert!(
+            check_binding(&config, "CL-0", None, None).is_ok(),
+            "old: adopted"
+        );
         assert!(check_binding(&config, "CL-0", Some("B_UPLOADS"), Some("4")).is_ok());
         let e = check_binding(&config, "CL-0", Some("A_UPLOADS"), Some("4"))
             .unwrap_err()
@@ -763,7 +770,10 @@ mod tests {
         let e = check_binding(&config, "CL-0", Some("B_UPLOADS"), Some("8"))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("8 partitions") && e.contains("nats.partitions is 4"), "{e}");
+        assert!(
+            e.contains("8 partitions") && e.contains("nats.partitions is 4"),
+            "{e}"
+        );
     }
 
     #[test]
