@@ -37,6 +37,19 @@
 //! (`meta\0writer`); if another writer appended after the restore's read, the claim is
 //! refused and the restore reads the rest and claims again (`runtime::restore`).
 //!
+//! # Bound to its input
+//!
+//! The writer record (`meta\0writer`, part of every append) carries headers
+//! [`INPUT_STREAM_HEADER`] (`nats.input-stream`) and [`INPUT_PARTITIONS_HEADER`]
+//! (`nats.partitions`). Before a restore reads a partition's stream, the last writer record
+//! is looked up: one that names another input stream or partition count is refused with a
+//! fatal error saying which input the changelog records, which one this deployment reads and
+//! which setting to change ([`check_binding`]), so a deployment pointed at another's
+//! changelog (two deployments on one account sharing `nats.changelog-stream`) stops instead
+//! of restoring foreign state. A stream without such headers (written by an older settle)
+//! is adopted. The stream names themselves default to the deployment's identity
+//! (`NatsConfig::changelog`).
+//!
 //! Each message also has `Nats-Msg-Id` = `cl:<process id>:<sequence>`: a publish retried after
 //! a lost ack is dropped as a duplicate (or, past the duplicate window, refused as
 //! out-of-sequence and then recognised as this process's own by reading the message back).
