@@ -624,7 +624,7 @@ pub async fn read_nats(
     let client = nats::connect(nats).await?;
     let js = nats::jetstream(client, 1);
     let mut collector = Collector::new(
-        format!("nats stream {stream} at {}", nats.servers),
+        format!("nats stream {stream} at {}", nats.servers_shown()),
         range,
         wall,
     );
@@ -632,7 +632,7 @@ pub async fn read_nats(
     let s = js.get_stream(stream).await.with_context(|| {
         format!(
             "cannot read stream {stream} at {} (is the server up, and the stream name right: --topic / nats.input-stream?)",
-            nats.servers
+            nats.servers_shown()
         )
     })?;
     let deliver_policy = match range.since {

@@ -42,7 +42,7 @@ impl std::fmt::Debug for Secret {
 /// instance = 2          # of
 /// instances = 4         # owns partitions 2, 6, 10, 14
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
 pub struct NatsConfig {
     /// `servers`: comma-separated server URLs (`nats://host:port`, `tls://host:port`;
@@ -161,6 +161,79 @@ pub struct NatsConfig {
     /// key).
     #[serde(skip)]
     pub password_from_file: Option<Secret>,
+}
+
+impl std::fmt::Debug for NatsConfig {
+    /// Every field; `servers` with the password of a URL redacted ([`NatsConfig::servers_shown`]),
+    /// tokens and passwords (inline or read from a file) as `"***"` ([`Secret`]).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let NatsConfig {
+            servers: _,
+            credentials_file,
+            token,
+            user,
+            password,
+            tls_required,
+            tls_ca_file,
+            tls_cert_file,
+            tls_key_file,
+            input_stream,
+            input_subject_prefix,
+            partitions,
+            instance,
+            instances,
+            consumer_prefix,
+            dead_letter_subject,
+            output_stream,
+            storage,
+            replicas,
+            max_age,
+            duplicate_window,
+            ack_wait,
+            max_ack_pending,
+            changelog_stream,
+            changelog_subject_prefix,
+            tier_counts_bucket,
+            heartbeat_interval,
+            token_file,
+            password_file,
+            token_from_file,
+            password_from_file,
+        } = self;
+        f.debug_struct("NatsConfig")
+            .field("servers", &self.servers_shown())
+            .field("credentials_file", credentials_file)
+            .field("token", token)
+            .field("user", user)
+            .field("password", password)
+            .field("tls_required", tls_required)
+            .field("tls_ca_file", tls_ca_file)
+            .field("tls_cert_file", tls_cert_file)
+            .field("tls_key_file", tls_key_file)
+            .field("input_stream", input_stream)
+            .field("input_subject_prefix", input_subject_prefix)
+            .field("partitions", partitions)
+            .field("instance", instance)
+            .field("instances", instances)
+            .field("consumer_prefix", consumer_prefix)
+            .field("dead_letter_subject", dead_letter_subject)
+            .field("output_stream", output_stream)
+            .field("storage", storage)
+            .field("replicas", replicas)
+            .field("max_age", max_age)
+            .field("duplicate_window", duplicate_window)
+            .field("ack_wait", ack_wait)
+            .field("max_ack_pending", max_ack_pending)
+            .field("changelog_stream", changelog_stream)
+            .field("changelog_subject_prefix", changelog_subject_prefix)
+            .field("tier_counts_bucket", tier_counts_bucket)
+            .field("heartbeat_interval", heartbeat_interval)
+            .field("token_file", token_file)
+            .field("password_file", password_file)
+            .field("token_from_file", token_from_file)
+            .field("password_from_file", password_from_file)
+            .finish()
+    }
 }
 
 impl Default for NatsConfig {
@@ -938,7 +1011,16 @@ mod tests {
 
     #[test]
     fn secrets_are_not_printed() {
-        let c = parse("token = \"s3cret\"\nuser = \"u\"\npassword = \"pw\"").unwrap();
+        let c = parse(
+            "servers = \"nats://a:url-pw@h:4222, tls://tok@h2\"\ntoken = \"s3cret\"\nuser = \"u\"\npassword = \"pw\"",
+        )
+        .unwrap();
+        assert_eq!(
+            c.servers_shown(),
+            "nats://a:<redacted>@h:4222,tls://<redacted>@h2"
+        );
+        assert_eq!(redact_url("nats://h:4222"), "nats://h:4222");
+        assert!(!format!("{c:?}").contains("url-pw"), "{c:?}");
         let shown = format!("{c:?}");
         assert!(
             !shown.contains("s3cret") && !shown.contains("pw\""),
