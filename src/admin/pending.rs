@@ -226,9 +226,9 @@ pub(super) async fn summary(State(s): State<AdminState>, q: QueryParams) -> Resp
                 continue;
             }
             let e = by_tier.entry(tier.to_owned()).or_default();
-            for i in 0..5 {
-                e.0[i] += c.rounds[i];
-                by_due[i] += c.rounds[i];
+            for (i, r) in c.rounds.iter().enumerate().take(5) {
+                e.0[i] += r;
+                by_due[i] += r;
             }
             e.1 += c.uploads;
             total += c.rounds.iter().sum::<u64>();

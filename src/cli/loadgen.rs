@@ -287,7 +287,7 @@ enum Producer {
         topic: String,
     },
     Nats {
-        js: async_nats::jetstream::Context,
+        js: Box<async_nats::jetstream::Context>,
         config: Box<NatsConfig>,
         /// Send header `settle-key` (not `--nats-no-key-header`).
         key_header: bool,
@@ -303,7 +303,7 @@ impl Producer {
             let js = nats::jetstream(client, MAX_IN_FLIGHT);
             nats::ensure_input_stream(&js, &config).await?;
             return Ok(Producer::Nats {
-                js,
+                js: Box::new(js),
                 config: Box::new(config),
                 key_header: !args.nats.no_key_header,
             });

@@ -193,7 +193,7 @@ mod tests {
         let c = coverage(&own, &[own.clone(), other.clone()], 100_000, 15_000);
         assert_eq!(c, Coverage::default(), "both live: all owned");
         // b silent for longer than 3 intervals: gone.
-        let c = coverage(&own, &[other.clone()], 111_000, 15_000);
+        let c = coverage(&own, std::slice::from_ref(&other), 111_000, 15_000);
         assert_eq!(c.unowned, vec![1, 3, 5, 7]);
         assert!(c.disagreeing.is_empty());
         // Nobody else ever wrote.

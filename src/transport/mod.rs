@@ -528,6 +528,7 @@ pub trait ActionChannel: Send + Sync + 'static {
     /// process sees its own records.
     ///
     /// Errors: the audit log cannot be read (the caller retries after a backoff).
+    #[allow(clippy::type_complexity)]
     fn tail_audit(
         &self,
         since_ms: i64,

@@ -114,7 +114,7 @@ async fn flush_cancel_retry_and_bulk_through_the_input() {
     );
     pending(7).await;
     tokio::time::timeout(PATIENCE, async {
-        while manual(&broker).len() < 1 {
+        while manual(&broker).is_empty() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
