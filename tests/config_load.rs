@@ -28,6 +28,14 @@ fn jailed(f: impl FnOnce(&mut Jail) -> Result<(), String>) {
     });
 }
 
+/// What `settle check-config settle.toml` prints (in the jail's directory).
+fn check_config_output() -> Result<String, String> {
+    let mut out = Vec::new();
+    settle::cli::check_config::run(Path::new("settle.toml"), &mut out)
+        .map_err(|e| e.to_string())?;
+    String::from_utf8(out).map_err(|e| e.to_string())
+}
+
 #[test]
 fn shipped_file_equals_the_defaults() {
     jailed(|_| {
@@ -379,10 +387,7 @@ fn kafka_secrets_from_files_and_the_environment_are_applied_and_never_shown() {
             "Debug of the config shows a secret"
         );
 
-        let mut out = Vec::new();
-        settle::cli::check_config::run(Path::new("settle.toml"), &mut out)
-            .map_err(|e| e.to_string())?;
-        let out = String::from_utf8(out).map_err(|e| e.to_string())?;
+        let out = check_config_output()?;
         assert!(
             !out.contains("s3cret"),
             "check-config shows a secret:\n{out}"
@@ -463,10 +468,7 @@ fn nats_names_follow_the_deployment_and_heartbeat_interval_is_read() {
         assert_eq!(n.changelog_subject_prefix(), "settle.changelog.B_UPLOADS.b");
         assert_eq!(n.tier_counts().as_deref(), Some("B_UPLOADS_b_TIER_COUNTS"));
         assert_eq!(n.heartbeat_interval, Duration::from_secs(2));
-        let mut out = Vec::new();
-        settle::cli::check_config::run(Path::new("settle.toml"), &mut out)
-            .map_err(|e| e.to_string())?;
-        let out = String::from_utf8(out).map_err(|e| e.to_string())?;
+        let out = check_config_output()?;
         for want in [
             "changelog B_UPLOADS_b_CHANGELOG-<partition>",
             "settle.changelog.B_UPLOADS.b.<partition>.*",
@@ -519,10 +521,7 @@ fn nats_secrets_from_files_are_applied_and_never_shown() {
             c.nats.servers_shown(),
             "nats://u:<redacted>@n1:4222,nats://n2:4222"
         );
-        let mut out = Vec::new();
-        settle::cli::check_config::run(Path::new("settle.toml"), &mut out)
-            .map_err(|e| e.to_string())?;
-        let out = String::from_utf8(out).map_err(|e| e.to_string())?;
+        let out = check_config_output()?;
         assert!(
             !out.contains("s3cret"),
             "check-config shows a secret:\n{out}"

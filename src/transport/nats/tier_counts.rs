@@ -133,15 +133,28 @@ impl TierCountsBucket {
     ///
     /// Errors: [`Error::Unavailable`] when the bucket cannot be read.
     pub async fn read_assignments(&self) -> Result<Vec<Vec<u8>>, Error> {
+        self.values(true).await
+    }
+
+    /// The non-empty values of the assignment keys (`assignments`) or of every other key
+    /// (the tier counts); a key deleted between listing and reading is skipped.
+    ///
+    /// Errors: [`Error::Unavailable`] when the bucket cannot be listed or read.
+    async fn values(&self, assignments: bool) -> Result<Vec<Vec<u8>>, Error> {
         let store = self.store().await?;
+        let what = if assignments {
+            "assignment"
+        } else {
+            "tier-counts"
+        };
         let mut keys = store
             .keys()
             .await
-            .map_err(|e| unavailable(format!("assignment keys: {e}")))?;
+            .map_err(|e| unavailable(format!("{what} keys: {e}")))?;
         let mut names = Vec::new();
         while let Some(k) = keys.next().await {
-            let k = k.map_err(|e| unavailable(format!("assignment keys: {e}")))?;
-            if k.starts_with(ASSIGNMENT_PREFIX) {
+            let k = k.map_err(|e| unavailable(format!("{what} keys: {e}")))?;
+            if k.starts_with(ASSIGNMENT_PREFIX) == assignments {
                 names.push(k);
             }
         }
@@ -150,7 +163,7 @@ impl TierCountsBucket {
             match store.get(k).await {
                 Ok(Some(v)) if !v.is_empty() => out.push(v.to_vec()),
                 Ok(_) => {}
-                Err(e) => return Err(unavailable(format!("assignment get: {e}"))),
+                Err(e) => return Err(unavailable(format!("{what} get: {e}"))),
             }
         }
         Ok(out)
@@ -202,29 +215,7 @@ impl TierCounts for TierCountsBucket {
 
     fn read_latest(&self, timeout: Duration) -> BoxFuture<'_, Result<Vec<Vec<u8>>, Error>> {
         Box::pin(async move {
-            let read = async {
-                let store = self.store().await?;
-                let mut keys = store
-                    .keys()
-                    .await
-                    .map_err(|e| unavailable(format!("tier-counts keys: {e}")))?;
-                let mut names = Vec::new();
-                while let Some(k) = keys.next().await {
-                    let k = k.map_err(|e| unavailable(format!("tier-counts keys: {e}")))?;
-                    if !k.starts_with(ASSIGNMENT_PREFIX) {
-                        names.push(k);
-                    }
-                }
-                let mut out = Vec::with_capacity(names.len());
-                for k in names {
-                    match store.get(k).await {
-                        Ok(Some(v)) if !v.is_empty() => out.push(v.to_vec()),
-                        Ok(_) => {}
-                        Err(e) => return Err(unavailable(format!("tier-counts get: {e}"))),
-                    }
-                }
-                Ok(out)
-            };
+            let read = self.values(false);
             tokio::time::timeout(timeout, read).await.map_err(|_| {
                 unavailable(format!(
                     "tier-counts bucket {} not read within {} s",
