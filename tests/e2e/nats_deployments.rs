@@ -11,7 +11,8 @@
 //!    message naming both inputs and the setting to change, instead of restoring it.
 //! 3. `nats_upload_without_key_header_is_applied_wrong_header_dead_lettered`: an upload
 //!    without `settle-key` is applied (the key comes from the body), one whose header
-//!    disagrees with the body is dead-lettered as `key_mismatch`.
+//!    disagrees with the body is dead-lettered as `key_mismatch`; `settle loadgen
+//!    --nats-no-key-header` publishes without it, and all of that is applied.
 //! 4. `nats_scale_down_leaves_partitions_unowned_and_says_so` (item 7): two `settle run`
 //!    processes, instances 0 and 1 of 2, heartbeat every second; instance 1 is killed with
 //!    SIGKILL: once its assignment record is older than 3 intervals, instance 0 exports
@@ -227,12 +228,34 @@ async fn nats_upload_without_key_header_is_applied_wrong_header_dead_lettered() 
             )
             .await?;
     }
+    // And `settle loadgen --nats-no-key-header`: a few seconds of mixed traffic, no header.
+    let mut gen = process_support::nats_loadgen(&setup.nats, "2s", "2", "7");
+    let status = gen
+        .arg("--nats-no-key-header")
+        .status()
+        .context("settle loadgen")?;
+    ensure!(status.success(), "loadgen: {status}");
+    let input = setup.input(13).await?;
+    let generated: Vec<_> = input
+        .iter()
+        .filter(|r| !r.payload.starts_with(br#"{"tenant":"kh""#))
+        .collect();
+    ensure!(
+        generated.len() > 10
+            && generated
+                .iter()
+                .all(|r| r.header(nats::KEY_HEADER).is_none()),
+        "loadgen published {} uploads, some with a settle-key header",
+        generated.len()
+    );
     let dir = tempfile::tempdir()?;
     let run = setup.start(&config, dir.path()).await?;
     let status = run.until_idle().await?;
+    // Only the 4 wrong headers are dead letters: every upload without a header was applied.
     let dead: u64 = status.values().map(|s| s.dead_letters).sum();
     run.stop().await?;
-    let got = emitted(&setup, 4).await?;
+    let mut got = emitted(&setup, 4).await?;
+    got.retain(|e| e.key.tenant() == "kh");
     ensure!(
         got.len() == 4 && got.iter().all(|e| e.uploads == 2),
         "each round holds the upload without header and the one with the right header: {got:?}"
