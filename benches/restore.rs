@@ -181,8 +181,8 @@ fn main() {
     let server = std::env::var("SETTLE_TEST_NATS").unwrap_or_else(|_| "127.0.0.1:4222".into());
     let nats_config = NatsConfig {
         servers: format!("nats://{server}"),
-        changelog_stream: format!("RESTORE_BENCH_{}", std::process::id()),
-        changelog_subject_prefix: format!("restore-bench-{}", std::process::id()),
+        changelog_stream: Some(format!("RESTORE_BENCH_{}", std::process::id())),
+        changelog_subject_prefix: Some(format!("restore-bench-{}", std::process::id())),
         storage: Storage::File,
         ..NatsConfig::default()
     };

@@ -124,6 +124,12 @@ const ADMIN_REFUSED_REASONS: [&str; 4] = [
     "forbidden",
     "actions_disabled",
 ];
+/// Gauge: NATS input partitions no live instance owns, as this instance sees the assignment
+/// records in the tier-counts bucket (`nats.heartbeat-interval`): after a scale-down that
+/// left `nats.instances` too high, or while an instance is down. 0 elsewhere.
+pub const PARTITIONS_UNOWNED: &str = "settle_partitions_unowned";
+/// Gauge: live NATS instances whose `nats.instances` differs from this instance's.
+pub const INSTANCES_DISAGREEING: &str = "settle_instances_disagreeing";
 
 /// Buckets of [`EMISSION_LATENESS`] (seconds).
 const LATENESS_BUCKETS: &[f64] = &[
@@ -218,6 +224,8 @@ struct Inner {
     overrides: IntGauge,
     override_changes: IntCounterVec,
     admin_refused: IntCounterVec,
+    partitions_unowned: IntGauge,
+    instances_disagreeing: IntGauge,
     /// Acknowledged emissions and the uploads in them (for [`COALESCING_RATIO`]).
     emitted: AtomicU64,
     coalesced: AtomicU64,
@@ -405,6 +413,20 @@ impl Metrics {
         for reason in ADMIN_REFUSED_REASONS {
             admin_refused.with_label_values(&[reason]);
         }
+        let partitions_unowned = b.add(
+            IntGauge::new(
+                PARTITIONS_UNOWNED,
+                "NATS input partitions no live instance owns (assignment records, nats.heartbeat-interval).",
+            )
+            .expect("valid metric"),
+        );
+        let instances_disagreeing = b.add(
+            IntGauge::new(
+                INSTANCES_DISAGREEING,
+                "Live NATS instances whose nats.instances differs from this instance's.",
+            )
+            .expect("valid metric"),
+        );
         for state in STATES {
             partitions.with_label_values(&[state]).set(0);
         }
@@ -454,6 +476,8 @@ impl Metrics {
                 overrides,
                 override_changes,
                 admin_refused,
+                partitions_unowned,
+                instances_disagreeing,
                 emitted: AtomicU64::new(0),
                 coalesced: AtomicU64::new(0),
                 refreshing: Mutex::new(()),
@@ -464,6 +488,12 @@ impl Metrics {
     /// The admin API refused a request for `reason` (one of the [`ADMIN_REFUSED`] reasons).
     pub fn admin_refused(&self, reason: &str) {
         self.inner.admin_refused.with_label_values(&[reason]).inc();
+    }
+
+    /// Sets [`PARTITIONS_UNOWNED`] and [`INSTANCES_DISAGREEING`] (NATS assignment check).
+    pub fn set_assignment(&self, unowned: usize, disagreeing: usize) {
+        self.inner.partitions_unowned.set(unowned as i64);
+        self.inner.instances_disagreeing.set(disagreeing as i64);
     }
 
     /// The registry (to gather or encode).
@@ -778,7 +808,7 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), n);
-        assert_eq!(n, 25);
+        assert_eq!(n, 27);
     }
 
     #[test]

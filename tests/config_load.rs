@@ -28,6 +28,14 @@ fn jailed(f: impl FnOnce(&mut Jail) -> Result<(), String>) {
     });
 }
 
+/// What `settle check-config settle.toml` prints (in the jail's directory).
+fn check_config_output() -> Result<String, String> {
+    let mut out = Vec::new();
+    settle::cli::check_config::run(Path::new("settle.toml"), &mut out)
+        .map_err(|e| e.to_string())?;
+    String::from_utf8(out).map_err(|e| e.to_string())
+}
+
 #[test]
 fn shipped_file_equals_the_defaults() {
     jailed(|_| {
@@ -104,14 +112,23 @@ fn shipped_file_documents_every_key_with_its_env_var() {
         }
     }
     // transport 1, debounce 6 (max-wait unset), store 4, runtime 4, admin 4 (tokens and
-    // TLS files unset), kafka 6 (changelog-topic and tier-counts-topic unset), nats 20 (auth
+    // TLS files unset), kafka 6 (changelog-topic and tier-counts-topic unset), nats 17 (auth
     // and TLS files unset; changelog-stream, changelog-subject-prefix, tier-counts-bucket,
-    // overrides-bucket), tiers 6 (demote-to unset; share-interval), 2 tiers × 2.
-    assert_eq!(keys, 55);
+    // overrides-bucket unset: derived; heartbeat-interval), tiers 6 (demote-to unset;
+    // share-interval), 2 tiers × 2.
+    assert_eq!(keys, 52);
     assert!(text.contains("SETTLE_DEBOUNCE__MAX_WAIT"));
     assert!(text.contains("SETTLE_TIERS__DEMOTE_TO"));
     assert!(text.contains("SETTLE_KAFKA__CHANGELOG_TOPIC"));
     assert!(text.contains("SETTLE_KAFKA__TIER_COUNTS_TOPIC"));
+    for env in [
+        "SETTLE_NATS__CHANGELOG_STREAM",
+        "SETTLE_NATS__TIER_COUNTS_BUCKET",
+        "SETTLE_NATS__TOKEN_FILE",
+        "SETTLE_NATS__PASSWORD_FILE",
+    ] {
+        assert!(text.contains(env), "{env} not documented in settle.toml");
+    }
 }
 
 #[test]
@@ -372,10 +389,7 @@ fn kafka_secrets_from_files_and_the_environment_are_applied_and_never_shown() {
             "Debug of the config shows a secret"
         );
 
-        let mut out = Vec::new();
-        settle::cli::check_config::run(Path::new("settle.toml"), &mut out)
-            .map_err(|e| e.to_string())?;
-        let out = String::from_utf8(out).map_err(|e| e.to_string())?;
+        let out = check_config_output()?;
         assert!(
             !out.contains("s3cret"),
             "check-config shows a secret:\n{out}"
@@ -492,6 +506,115 @@ fn admin_tokens_are_named_never_shown_and_a_public_address_needs_one() {
         .map_err(|e| e.to_string())?;
         let e = Config::load(Some(Path::new("settle.toml"))).unwrap_err();
         assert_eq!(e.key(), Some("admin.tls-key-file"));
+        Ok(())
+    });
+}
+
+#[test]
+fn nats_names_follow_the_deployment_and_heartbeat_interval_is_read() {
+    jailed(|jail| {
+        jail.create_file(
+            "settle.toml",
+            "transport = \"nats\"\n[nats]\ninput-stream = \"B_UPLOADS\"\nconsumer-prefix = \"b\"\nheartbeat-interval = \"2s\"\n",
+        )
+        .map_err(|e| e.to_string())?;
+        let c = Config::load(Some(Path::new("settle.toml"))).map_err(|e| e.to_string())?;
+        let n = &c.nats;
+        assert!(!n.is_default_deployment());
+        assert_eq!(n.changelog().as_deref(), Some("B_UPLOADS_b_CHANGELOG"));
+        assert_eq!(n.changelog_stream_name(3), "B_UPLOADS_b_CHANGELOG-3");
+        assert_eq!(n.changelog_subject_prefix(), "settle.changelog.B_UPLOADS.b");
+        assert_eq!(n.tier_counts().as_deref(), Some("B_UPLOADS_b_TIER_COUNTS"));
+        assert_eq!(n.heartbeat_interval, Duration::from_secs(2));
+        let out = check_config_output()?;
+        for want in [
+            "changelog B_UPLOADS_b_CHANGELOG-<partition>",
+            "settle.changelog.B_UPLOADS.b.<partition>.*",
+            "tier-counts B_UPLOADS_b_TIER_COUNTS",
+            "audit B_UPLOADS_b_AUDIT",
+            "heartbeat every 2s",
+        ] {
+            assert!(out.contains(want), "{want} not in:\n{out}");
+        }
+        // The default deployment keeps the names it always had; a name set is kept.
+        jail.set_env("SETTLE_NATS__INPUT_STREAM", "SETTLE_UPLOADS");
+        jail.set_env("SETTLE_NATS__CONSUMER_PREFIX", "settle");
+        jail.set_env("SETTLE_NATS__TIER_COUNTS_BUCKET", "MINE");
+        let c = Config::load(Some(Path::new("settle.toml"))).map_err(|e| e.to_string())?;
+        assert!(c.nats.is_default_deployment());
+        assert_eq!(c.nats.changelog_stream_name(0), "SETTLE_CHANGELOG-0");
+        assert_eq!(c.nats.changelog_subjects(0), "settle.changelog.0.*");
+        assert_eq!(c.nats.tier_counts().as_deref(), Some("MINE"));
+        jail.set_env("SETTLE_NATS__HEARTBEAT_INTERVAL", "0s");
+        let e = Config::load(Some(Path::new("settle.toml"))).unwrap_err();
+        assert_eq!(e.key(), Some("nats.heartbeat-interval"));
+        Ok(())
+    });
+}
+
+#[test]
+fn nats_secrets_from_files_are_applied_and_never_shown() {
+    jailed(|jail| {
+        let dir = jail.directory().to_owned();
+        jail.create_file("nats-pass", "pass-s3cret\n")
+            .map_err(|e| e.to_string())?;
+        jail.create_file("nats-token", "token-s3cret\n")
+            .map_err(|e| e.to_string())?;
+        jail.create_file(
+            "settle.toml",
+            &format!(
+                "transport = \"nats\"\n[nats]\nservers = \"nats://u:url-s3cret@n1:4222,nats://n2:4222\"\nuser = \"settle\"\npassword-file = \"{}\"\n",
+                dir.join("nats-pass").display()
+            ),
+        )
+        .map_err(|e| e.to_string())?;
+        let c = Config::load(Some(Path::new("settle.toml"))).map_err(|e| e.to_string())?;
+        assert_eq!(
+            c.nats.password_value().map(|s| s.0.as_str()),
+            Some("pass-s3cret"),
+            "read, newline trimmed"
+        );
+        assert!(!format!("{c:?}").contains("pass-s3cret"), "Debug shows it");
+        assert_eq!(
+            c.nats.servers_shown(),
+            "nats://u:<redacted>@n1:4222,nats://n2:4222"
+        );
+        let out = check_config_output()?;
+        assert!(
+            !out.contains("s3cret"),
+            "check-config shows a secret:\n{out}"
+        );
+        let want = format!(
+            "password-file = <redacted> (from file {})",
+            dir.join("nats-pass").display()
+        );
+        assert!(out.contains(&want), "{want} not in:\n{out}");
+        assert!(out.contains("nats://u:<redacted>@n1:4222"), "{out}");
+
+        // A token from a file, given in the environment.
+        jail.set_env("SETTLE_NATS__TOKEN_FILE", dir.join("nats-token").display());
+        let c = Config::load(Some(Path::new("settle.toml"))).map_err(|e| e.to_string())?;
+        assert_eq!(
+            c.nats.token_value().map(|s| s.0.as_str()),
+            Some("token-s3cret")
+        );
+        // Not together with the inline form.
+        jail.set_env("SETTLE_NATS__TOKEN", "inline");
+        let e = Config::load(Some(Path::new("settle.toml"))).unwrap_err();
+        assert_eq!(e.key(), Some("nats.token-file"));
+        assert!(e.to_string().contains("not both"), "{e}");
+        Ok(())
+    });
+    // An unreadable file names the key and the path, never a value.
+    jailed(|jail| {
+        jail.set_env("SETTLE_NATS__TOKEN_FILE", "/run/secrets/no-such-nats-token");
+        let e = Config::load(None).unwrap_err();
+        assert_eq!(e.key(), Some("nats.token-file"));
+        assert!(
+            e.to_string()
+                .contains("cannot read /run/secrets/no-such-nats-token"),
+            "{e}"
+        );
         Ok(())
     });
 }

@@ -1,13 +1,16 @@
 //! `settle check-config FILE`: validates a config file without connecting to anything and
 //! prints what it says (policies, transport, admin, each transport's section, tiers).
 //! Secrets are never printed: Kafka properties that hold one and every value read from
-//! `[kafka.property-files]` show as `<redacted>` (`KafkaConfig::shown_properties`), and of
-//! the admin tokens only their names and roles are shown. The admin section is checked as
-//! `settle run` checks it (`admin::preflight`): tokens and TLS files read, and actions on a
-//! non-loopback address without a token refused.
+//! `[kafka.property-files]` show as `<redacted>` (`KafkaConfig::shown_properties`), as do
+//! `nats.token`, `nats.password`, the values of `nats.token-file` and `nats.password-file`,
+//! and the password of a NATS server URL (`NatsConfig::servers_shown`); of the admin tokens
+//! only their names and roles are shown. The NATS names derived from the deployment's
+//! identity (changelog, tier-counts bucket, overrides bucket, audit) are shown. The admin
+//! section is checked as `settle run` checks it (`admin::preflight`): tokens and TLS files
+//! read, and actions on a non-loopback address without a token refused.
 
 use crate::config::admin::TOKENS_ENV;
-use crate::config::kafka::ProcessingGuarantee;
+use crate::config::kafka::{ProcessingGuarantee, REDACTED};
 use crate::config::Config;
 use std::io::Write;
 use std::path::Path;
@@ -84,7 +87,7 @@ pub fn run(file: &Path, out: &mut impl Write) -> anyhow::Result<()> {
     writeln!(
         out,
         "nats: {} input {} (subjects {}.0 to .{}) output {} dead-letter {}; instance {} of {} owns partitions {:?}",
-        n.servers,
+        n.servers_shown(),
         n.input_stream,
         n.input_subject_prefix,
         n.partitions.saturating_sub(1),
@@ -94,6 +97,43 @@ pub fn run(file: &Path, out: &mut impl Write) -> anyhow::Result<()> {
         n.instances,
         n.owned_partitions()
     )?;
+    let (audit_subject, audit_stream) = crate::transport::nats::NatsActions::audit_names(n);
+    writeln!(
+        out,
+        "nats names ({}): changelog {} (subjects {}.<partition>.*) tier-counts {} audit {} on {} heartbeat every {}",
+        if n.is_default_deployment() {
+            "default deployment"
+        } else {
+            "derived from input-stream and consumer-prefix unless set"
+        },
+        n.changelog()
+            .map_or("(off)".to_owned(), |c| format!("{c}-<partition>")),
+        n.changelog_subject_prefix(),
+        n.tier_counts().as_deref().unwrap_or("(off)"),
+        audit_stream,
+        audit_subject,
+        humantime::format_duration(n.heartbeat_interval),
+    )?;
+    let secrets: Vec<String> = [
+        ("token", n.token.is_some(), None),
+        ("token-file", n.token_file.is_some(), n.token_file.as_ref()),
+        ("password", n.password.is_some(), None),
+        (
+            "password-file",
+            n.password_file.is_some(),
+            n.password_file.as_ref(),
+        ),
+    ]
+    .into_iter()
+    .filter(|(_, set, _)| *set)
+    .map(|(key, _, path)| match path {
+        Some(p) => format!("{key} = {REDACTED} (from file {})", p.display()),
+        None => format!("{key} = {REDACTED}"),
+    })
+    .collect();
+    if !secrets.is_empty() {
+        writeln!(out, "nats auth: {}", secrets.join(", "))?;
+    }
     let tiers = &cfg.tiers;
     writeln!(
         out,
@@ -103,7 +143,7 @@ pub fn run(file: &Path, out: &mut impl Write) -> anyhow::Result<()> {
         humantime::format_duration(tiers.period),
         humantime::format_duration(tiers.share_interval),
         k.tier_counts().as_deref().unwrap_or("(off)"),
-        n.tier_counts().unwrap_or("(off)"),
+        n.tier_counts().as_deref().unwrap_or("(off)"),
     )?;
     Ok(())
 }

@@ -202,7 +202,7 @@ async fn read_nats(
         let name = js.stream_by_subject(subject.as_str()).await.map_err(|e| {
             anyhow!(
                 "no JetStream stream holds subject {subject} on {}: {e}",
-                config.servers
+                config.servers_shown()
             )
         })?;
         let stream = js

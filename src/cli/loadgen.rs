@@ -51,7 +51,9 @@
 //! `--nats URL` publishes to JetStream instead: each upload goes to
 //! `<--topic>.<partition>` (`settle.uploads.3`) with the partition computed from the session
 //! key by [`crate::transport::nats::partition_for_key`] over `--nats-partitions` (settle's
-//! `nats.partitions`), header `settle-key` = the key, and is counted once its publish ack came.
+//! `nats.partitions`), header `settle-key` = the key (left out with `--nats-no-key-header`:
+//! settle then takes the key from the body, SEMANTICS §2), and is counted once its publish
+//! ack came.
 //! The input stream `--nats-stream` is created with settle's defaults if missing
 //! (`--create-topic` does not apply). The trace's `"offset"` is the stream sequence and its
 //! `"ts"` the JetStream timestamp, read back from the stream at the end.
@@ -164,6 +166,10 @@ pub struct NatsTarget {
     /// NATS: input stream (settle's `nats.input-stream`), created if missing.
     #[arg(long = "nats-stream", default_value = "SETTLE_UPLOADS")]
     pub stream: String,
+    /// NATS: publish without the `settle-key` header (settle takes the session key from the
+    /// body's tenant and session).
+    #[arg(long = "nats-no-key-header")]
+    pub no_key_header: bool,
 }
 
 impl Default for NatsTarget {
@@ -172,6 +178,7 @@ impl Default for NatsTarget {
             url: None,
             partitions: 8,
             stream: "SETTLE_UPLOADS".to_owned(),
+            no_key_header: false,
         }
     }
 }
@@ -280,8 +287,10 @@ enum Producer {
         topic: String,
     },
     Nats {
-        js: async_nats::jetstream::Context,
+        js: Box<async_nats::jetstream::Context>,
         config: Box<NatsConfig>,
+        /// Send header `settle-key` (not `--nats-no-key-header`).
+        key_header: bool,
     },
 }
 
@@ -294,8 +303,9 @@ impl Producer {
             let js = nats::jetstream(client, MAX_IN_FLIGHT);
             nats::ensure_input_stream(&js, &config).await?;
             return Ok(Producer::Nats {
-                js,
+                js: Box::new(js),
                 config: Box::new(config),
+                key_header: !args.nats.no_key_header,
             });
         }
         let kafka = args.kafka();
@@ -354,7 +364,11 @@ impl Producer {
                     }
                 }
             }
-            Producer::Nats { js, config } => {
+            Producer::Nats {
+                js,
+                config,
+                key_header,
+            } => {
                 let (partition, ack) = nats::publish_upload(
                     js,
                     &config.input_subject_prefix,
@@ -362,6 +376,7 @@ impl Producer {
                     &upload.key,
                     upload.json.as_bytes(),
                     None,
+                    *key_header,
                 )
                 .await
                 .map_err(|e| format!("{e:#}"))?;
@@ -377,7 +392,7 @@ impl Producer {
     /// Fills in the timestamps the acknowledgements did not give (NATS: read back from the
     /// stream by sequence).
     async fn stamp(&self, trace: &mut [(i64, i32, i64, String)]) -> anyhow::Result<()> {
-        let Producer::Nats { js, config } = self else {
+        let Producer::Nats { js, config, .. } = self else {
             return Ok(());
         };
         let stored = nats::read_stream(

@@ -323,10 +323,15 @@ impl Collector {
             self.summary.outside_range += 1;
             return;
         }
-        let decoded = codec::decode_upload(key, payload, ts, self.wall).and_then(|u| {
+        // NATS (key partitions known): the key header is optional, as `settle run` reads it.
+        let rule = match self.key_partitions {
+            Some(_) => codec::KeyRule::Optional,
+            None => codec::KeyRule::Required,
+        };
+        let decoded = codec::decode_upload_with(rule, key, payload, ts, self.wall).and_then(|u| {
             match self.key_partitions {
                 Some(n) => {
-                    let expected = nats::partition_for_key(key.unwrap_or_default(), n);
+                    let expected = nats::partition_for_key(u.key.as_str().as_bytes(), n);
                     if expected == partition {
                         Ok(u)
                     } else {
@@ -619,7 +624,7 @@ pub async fn read_nats(
     let client = nats::connect(nats).await?;
     let js = nats::jetstream(client, 1);
     let mut collector = Collector::new(
-        format!("nats stream {stream} at {}", nats.servers),
+        format!("nats stream {stream} at {}", nats.servers_shown()),
         range,
         wall,
     );
@@ -627,7 +632,7 @@ pub async fn read_nats(
     let s = js.get_stream(stream).await.with_context(|| {
         format!(
             "cannot read stream {stream} at {} (is the server up, and the stream name right: --topic / nats.input-stream?)",
-            nats.servers
+            nats.servers_shown()
         )
     })?;
     let deliver_policy = match range.since {

@@ -285,7 +285,8 @@ pub fn validate_session(session: &str) -> Result<(), DecodeError> {
 /// Decodes and validates one input record (SEMANTICS §2) with its event time (§3).
 ///
 /// * `record_key`: the broker record key (on NATS the `settle-key` header). It must be there
-///   (`None`: [`DecodeError::MissingKey`]), be UTF-8 and equal `tenant/session` byte for byte.
+///   (`None`: [`DecodeError::MissingKey`]; [`decode_upload_with`] and [`KeyRule::Optional`]
+///   for NATS, where it may be absent), be UTF-8 and equal `tenant/session` byte for byte.
 ///   Records of formats that have no key (trace files) go through [`decode_trace_line`].
 /// * `payload`: the record value, a JSON object. Fields other than `tenant`, `session`,
 ///   `event_id`, `part`, `final` and `attributes` are ignored. `null` for an optional field
@@ -303,14 +304,51 @@ pub fn decode_upload(
     timestamp_ms: Millis,
     wall_clock_ms: Millis,
 ) -> Result<Upload, DecodeError> {
+    decode_upload_with(
+        KeyRule::Required,
+        record_key,
+        payload,
+        timestamp_ms,
+        wall_clock_ms,
+    )
+}
+
+/// Whether an input record must carry a record key (SEMANTICS §2).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KeyRule {
+    /// Kafka: the record key decides the partition, so it must be there
+    /// ([`DecodeError::MissingKey`] otherwise) and equal `tenant/session`.
+    #[default]
+    Required,
+    /// NATS: a message has no record key; the session key is the record's own
+    /// `tenant/session`. A key the producer adds (the `settle-key` header) must still equal
+    /// it ([`DecodeError::KeyMismatch`]).
+    Optional,
+}
+
+/// [`decode_upload`] under `rule`: with [`KeyRule::Optional`] a record without a key is
+/// decoded with `tenant/session` from its payload as its session key.
+///
+/// Errors: as [`decode_upload`] (no [`DecodeError::MissingKey`] under
+/// [`KeyRule::Optional`]).
+pub fn decode_upload_with(
+    rule: KeyRule,
+    record_key: Option<&[u8]>,
+    payload: &[u8],
+    timestamp_ms: Millis,
+    wall_clock_ms: Millis,
+) -> Result<Upload, DecodeError> {
     let text = std::str::from_utf8(payload).map_err(|_| DecodeError::InvalidUtf8)?;
     let wire = match plain_wire(text) {
         Some(wire) => wire,
         None => parse_wire(text, None)?,
     };
     let fields = wire.check()?;
-    let key = record_key.ok_or(DecodeError::MissingKey)?;
-    check_record_key(key, &fields.tenant, &fields.session)?;
+    match (record_key, rule) {
+        (Some(key), _) => check_record_key(key, &fields.tenant, &fields.session)?,
+        (None, KeyRule::Optional) => {}
+        (None, KeyRule::Required) => return Err(DecodeError::MissingKey),
+    }
     Ok(fields.into_upload(timestamp_ms.min(wall_clock_ms)))
 }
 
@@ -1910,6 +1948,25 @@ mod tests {
         assert!(!too_deep(r#"{"x":"{{{[[","y":"\"{{"}"#, 1));
         assert!(too_deep(r#"[[1]]"#, 1));
         assert!(!too_deep(r#"[1],[2],{"a":3}"#, 1));
+    }
+
+    #[test]
+    fn an_optional_key_may_be_absent_but_never_wrong() {
+        let p = br#"{"tenant":"acme","session":"run/1"}"#;
+        let u = decode_upload_with(KeyRule::Optional, None, p, 5, 9).unwrap();
+        assert_eq!(u.key.as_str(), "acme/run/1");
+        assert_eq!(u.event_time, 5);
+        assert!(decode_upload_with(KeyRule::Optional, Some(b"acme/run/1"), p, 0, 0).is_ok());
+        assert_eq!(
+            decode_upload_with(KeyRule::Optional, Some(b"acme/run/2"), p, 0, 0)
+                .unwrap_err()
+                .reason(),
+            "key_mismatch"
+        );
+        assert_eq!(
+            decode_upload_with(KeyRule::Required, None, p, 0, 0),
+            Err(DecodeError::MissingKey)
+        );
     }
 
     #[test]

@@ -402,7 +402,7 @@ fn origin_of(md: &figment::Metadata, path: &str, exact: bool) -> String {
 impl Config {
     /// Loads the configuration: defaults, then the TOML file `file` (if given), then `SETTLE_`
     /// environment variables (see the module docs); then reads the files of
-    /// `[kafka.property-files]` and runs [`Config::validate`].
+    /// `[kafka.property-files]`, `nats.token-file` and `nats.password-file` and runs [`Config::validate`].
     ///
     /// Errors: [`ConfigError::Read`] when `file` cannot be read; [`ConfigError::Parse`] for
     /// malformed TOML, unknown keys and unreadable values; [`ConfigError::Invalid`] for values
@@ -430,6 +430,10 @@ impl Config {
         config
             .kafka
             .read_property_files()
+            .map_err(|e| ConfigError::from(e).located(&figment))?;
+        config
+            .nats
+            .read_secret_files()
             .map_err(|e| ConfigError::from(e).located(&figment))?;
         config.validate().map_err(|e| e.located(&figment))?;
         Ok(config)
@@ -707,6 +711,7 @@ fn allowed(last: &str) -> Option<&'static str> {
         "listen" => "expected an IP address and port such as \"127.0.0.1:9464\"",
         "enabled" | "learn-initial-delay" | "actions" | "protect-reads" => "expected true or false",
         "storage" => "expected one of file, memory",
+        "heartbeat-interval" => "expected a duration such as \"5s\", 1s to 1h",
         _ => return None,
     })
 }

@@ -42,7 +42,7 @@ impl std::fmt::Debug for Secret {
 /// instance = 2          # of
 /// instances = 4         # owns partitions 2, 6, 10, 14
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
 pub struct NatsConfig {
     /// `servers`: comma-separated server URLs (`nats://host:port`, `tls://host:port`;
@@ -117,25 +117,133 @@ pub struct NatsConfig {
     /// `changelog-stream`: name prefix of the changelog streams (ARCHITECTURE "changelog",
     /// `transport::nats::changelog`): partition `p`'s store writes go to stream
     /// `<changelog-stream>-<p>`, compacted per key (`max-msgs-per-subject = 1`), which also
-    /// fences a second writer of the partition. Default `SETTLE_CHANGELOG`; `""` turns the
-    /// changelog off (a partition's pending rounds then stay on the instance that owned it,
-    /// and two instances given one index both emit).
-    pub changelog_stream: String,
+    /// fences a second writer of the partition. Default: derived from the deployment's
+    /// identity ([`NatsConfig::changelog`]): `SETTLE_CHANGELOG` for the default deployment
+    /// (`input-stream` and `consumer-prefix` at their defaults), else
+    /// `<input-stream>_<consumer-prefix>_CHANGELOG`, so two deployments on one account never
+    /// share one. `""` turns the changelog off (a partition's pending rounds then stay on
+    /// the instance that owned it, and two instances given one index both emit).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub changelog_stream: Option<String>,
     /// `changelog-subject-prefix`: partition `p`'s changelog records are on subjects
-    /// `<prefix>.<p>.<hex of the record key>` (default `settle.changelog`).
-    pub changelog_subject_prefix: String,
+    /// `<prefix>.<p>.<hex of the record key>`. Default: `settle.changelog` for the default
+    /// deployment, else `settle.changelog.<input-stream>.<consumer-prefix>`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub changelog_subject_prefix: Option<String>,
     /// `tier-counts-bucket`: the JetStream KV bucket where the instances exchange their
     /// per-tenant emission counts every `tiers.share-interval` (key = instance), so tiers
-    /// follow the deployment's rate and outlive restarts (SEMANTICS §5). Created if missing
-    /// (history 1, `nats.storage`, `nats.replicas`). Default `SETTLE_TIER_COUNTS`; `""`
-    /// turns sharing off (each instance then measures only its own emissions).
-    pub tier_counts_bucket: String,
+    /// follow the deployment's rate and outlive restarts (SEMANTICS §5), and their partition
+    /// assignments every `heartbeat-interval` (key `assignment.<instance>`). Created if
+    /// missing (history 1, `nats.storage`, `nats.replicas`). Default: `SETTLE_TIER_COUNTS`
+    /// for the default deployment, else `<input-stream>_<consumer-prefix>_TIER_COUNTS`;
+    /// `""` turns sharing off (each instance then measures only its own emissions, and
+    /// partitions nobody owns go unnoticed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tier_counts_bucket: Option<String>,
     /// `overrides-bucket`: the JetStream KV bucket that holds the tenant overrides set
     /// through the admin API (SEMANTICS §7; key = tenant, history 1, no expiry), shared by
     /// every instance and kept across restarts. Created if missing (`nats.storage`,
-    /// `nats.replicas`). Default `SETTLE_OVERRIDES`; `""` turns overrides off (the admin
-    /// API then refuses them with 503).
-    pub overrides_bucket: String,
+    /// `nats.replicas`). Default: `SETTLE_OVERRIDES` for the default deployment, else
+    /// `<input-stream>_<consumer-prefix>_OVERRIDES`; `""` turns overrides off (the admin API
+    /// then refuses them with 503).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overrides_bucket: Option<String>,
+    /// `heartbeat-interval`: how often this instance writes which partitions it owns into
+    /// the tier-counts bucket and reads the other instances' (1 s – 1 h, default 5 s); an
+    /// instance not heard of for 3 intervals counts as gone, and partitions no live instance
+    /// owns are reported (log and `settle_partitions_unowned`).
+    #[serde(with = "humantime_serde")]
+    pub heartbeat_interval: Duration,
+    /// `token-file`: a file holding the authentication token (read at start, trailing
+    /// newline trimmed; never logged). Not together with `token`. Default: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<PathBuf>,
+    /// `password-file`: a file holding the password of `user` (read at start, trailing
+    /// newline trimmed; never logged). Not together with `password`. Default: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub password_file: Option<PathBuf>,
+    /// The token read from `token-file` by [`NatsConfig::read_secret_files`] (not a key).
+    #[serde(skip)]
+    pub token_from_file: Option<Secret>,
+    /// The password read from `password-file` by [`NatsConfig::read_secret_files`] (not a
+    /// key).
+    #[serde(skip)]
+    pub password_from_file: Option<Secret>,
+}
+
+impl std::fmt::Debug for NatsConfig {
+    /// Every field; `servers` with the password of a URL redacted ([`NatsConfig::servers_shown`]),
+    /// tokens and passwords (inline or read from a file) as `"***"` ([`Secret`]).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let NatsConfig {
+            servers: _,
+            credentials_file,
+            token,
+            user,
+            password,
+            tls_required,
+            tls_ca_file,
+            tls_cert_file,
+            tls_key_file,
+            input_stream,
+            input_subject_prefix,
+            partitions,
+            instance,
+            instances,
+            consumer_prefix,
+            dead_letter_subject,
+            output_stream,
+            storage,
+            replicas,
+            max_age,
+            duplicate_window,
+            ack_wait,
+            max_ack_pending,
+            changelog_stream,
+            changelog_subject_prefix,
+            tier_counts_bucket,
+            overrides_bucket,
+            heartbeat_interval,
+            token_file,
+            password_file,
+            token_from_file,
+            password_from_file,
+        } = self;
+        f.debug_struct("NatsConfig")
+            .field("servers", &self.servers_shown())
+            .field("credentials_file", credentials_file)
+            .field("token", token)
+            .field("user", user)
+            .field("password", password)
+            .field("tls_required", tls_required)
+            .field("tls_ca_file", tls_ca_file)
+            .field("tls_cert_file", tls_cert_file)
+            .field("tls_key_file", tls_key_file)
+            .field("input_stream", input_stream)
+            .field("input_subject_prefix", input_subject_prefix)
+            .field("partitions", partitions)
+            .field("instance", instance)
+            .field("instances", instances)
+            .field("consumer_prefix", consumer_prefix)
+            .field("dead_letter_subject", dead_letter_subject)
+            .field("output_stream", output_stream)
+            .field("storage", storage)
+            .field("replicas", replicas)
+            .field("max_age", max_age)
+            .field("duplicate_window", duplicate_window)
+            .field("ack_wait", ack_wait)
+            .field("max_ack_pending", max_ack_pending)
+            .field("changelog_stream", changelog_stream)
+            .field("changelog_subject_prefix", changelog_subject_prefix)
+            .field("tier_counts_bucket", tier_counts_bucket)
+            .field("overrides_bucket", overrides_bucket)
+            .field("heartbeat_interval", heartbeat_interval)
+            .field("token_file", token_file)
+            .field("password_file", password_file)
+            .field("token_from_file", token_from_file)
+            .field("password_from_file", password_from_file)
+            .finish()
+    }
 }
 
 impl Default for NatsConfig {
@@ -164,10 +272,15 @@ impl Default for NatsConfig {
             duplicate_window: Duration::from_secs(300),
             ack_wait: Duration::from_secs(300),
             max_ack_pending: 100_000,
-            changelog_stream: "SETTLE_CHANGELOG".to_owned(),
-            changelog_subject_prefix: "settle.changelog".to_owned(),
-            tier_counts_bucket: "SETTLE_TIER_COUNTS".to_owned(),
-            overrides_bucket: "SETTLE_OVERRIDES".to_owned(),
+            changelog_stream: None,
+            changelog_subject_prefix: None,
+            tier_counts_bucket: None,
+            overrides_bucket: None,
+            heartbeat_interval: Duration::from_secs(5),
+            token_file: None,
+            password_file: None,
+            token_from_file: None,
+            password_from_file: None,
         }
     }
 }
@@ -259,11 +372,51 @@ impl NatsConfig {
                 KeyError::new("nats.servers", format!("invalid server URL {s:?}: {e}"))
             })?;
         }
-        if self.user.is_some() != self.password.is_some() {
+        for (inline, file, key) in [
+            (
+                self.token.is_some(),
+                self.token_file.is_some(),
+                "nats.token-file",
+            ),
+            (
+                self.password.is_some(),
+                self.password_file.is_some(),
+                "nats.password-file",
+            ),
+        ] {
+            if inline && file {
+                let inline_key = key.trim_end_matches("-file");
+                return Err(KeyError::new(
+                    key,
+                    format!("set either {inline_key} or {key}, not both"),
+                ));
+            }
+        }
+        let has_password = self.password.is_some() || self.password_file.is_some();
+        if self.user.is_some() != has_password {
             return Err(KeyError::new(
                 "nats.password",
-                "nats.user and nats.password go together",
+                "nats.user and nats.password (or nats.password-file) go together",
             ));
+        }
+        for (file, read, key) in [
+            (
+                &self.token_file,
+                self.token_from_file.is_some(),
+                "nats.token-file",
+            ),
+            (
+                &self.password_file,
+                self.password_from_file.is_some(),
+                "nats.password-file",
+            ),
+        ] {
+            if file.is_some() && !read {
+                return Err(KeyError::new(
+                    key,
+                    "not read yet (NatsConfig::read_secret_files)",
+                ));
+            }
         }
         if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
             return Err(KeyError::new(
@@ -337,11 +490,17 @@ impl NatsConfig {
             1_000,
             10_000_000,
         )?;
+        check_span(
+            "nats.heartbeat-interval",
+            self.heartbeat_interval,
+            second,
+            Duration::from_secs(3600),
+        )?;
         if let Some(bucket) = self.tier_counts() {
-            check_name("nats.tier-counts-bucket", bucket)?;
+            check_name("nats.tier-counts-bucket", &bucket)?;
         }
         if let Some(bucket) = self.overrides() {
-            check_name("nats.overrides-bucket", bucket)?;
+            check_name("nats.overrides-bucket", &bucket)?;
         }
         if self.changelog().is_some() {
             check_name(
@@ -359,20 +518,17 @@ impl NatsConfig {
                     ));
                 }
             }
-            check_subject(
-                "nats.changelog-subject-prefix",
-                &self.changelog_subject_prefix,
-            )?;
+            let changelog_prefix = self.changelog_subject_prefix();
+            check_subject("nats.changelog-subject-prefix", &changelog_prefix)?;
             for (key, subject) in [
                 ("nats.input-subject-prefix", &self.input_subject_prefix),
                 ("nats.dead-letter-subject", &self.dead_letter_subject),
             ] {
-                if subjects_overlap(&self.changelog_subject_prefix, subject) {
+                if subjects_overlap(&changelog_prefix, subject) {
                     return Err(KeyError::new(
                         "nats.changelog-subject-prefix",
                         format!(
-                            "{:?} overlaps {key} ({subject:?}): changelog subjects must be apart",
-                            self.changelog_subject_prefix
+                            "{changelog_prefix:?} overlaps {key} ({subject:?}): changelog subjects must be apart"
                         ),
                     ));
                 }
@@ -393,29 +549,127 @@ impl NatsConfig {
         )
     }
 
-    /// The overrides KV bucket, `None` when `overrides-bucket` is `""` (off).
-    pub fn overrides(&self) -> Option<&str> {
-        (!self.overrides_bucket.is_empty()).then_some(self.overrides_bucket.as_str())
+    /// The overrides KV bucket: `overrides-bucket`, else derived (`SETTLE_OVERRIDES` for the
+    /// default deployment, `<input-stream>_<consumer-prefix>_OVERRIDES` for any other);
+    /// `None` when `overrides-bucket` is `""` (off).
+    pub fn overrides(&self) -> Option<String> {
+        match &self.overrides_bucket {
+            Some(b) if b.is_empty() => None,
+            Some(b) => Some(b.clone()),
+            None if self.is_default_deployment() => Some("SETTLE_OVERRIDES".to_owned()),
+            None => Some(format!("{}_OVERRIDES", self.identity_name())),
+        }
     }
 
-    /// The tier-counts KV bucket, `None` when `tier-counts-bucket` is `""` (off).
-    pub fn tier_counts(&self) -> Option<&str> {
-        (!self.tier_counts_bucket.is_empty()).then_some(self.tier_counts_bucket.as_str())
+    /// Whether this is the default deployment: `input-stream` and `consumer-prefix` at their
+    /// defaults (`SETTLE_UPLOADS`, `settle`). Its derived names are the historical ones
+    /// (`SETTLE_CHANGELOG`, `settle.changelog`, `SETTLE_TIER_COUNTS`), so the state of
+    /// existing deployments is found where it always was.
+    pub fn is_default_deployment(&self) -> bool {
+        self.input_stream == DEFAULT_INPUT_STREAM && self.consumer_prefix == DEFAULT_CONSUMER_PREFIX
     }
 
-    /// The changelog stream prefix, `None` when `changelog-stream` is `""` (off).
-    pub fn changelog(&self) -> Option<&str> {
-        (!self.changelog_stream.is_empty()).then_some(self.changelog_stream.as_str())
+    /// The deployment's identity as a stream or bucket name part:
+    /// `<input-stream>_<consumer-prefix>`, every byte outside `[A-Za-z0-9_-]` as `_`.
+    fn identity_name(&self) -> String {
+        stream_safe(&format!("{}_{}", self.input_stream, self.consumer_prefix))
     }
 
-    /// The changelog stream of partition `partition`: `<changelog-stream>-<partition>`.
+    /// The tier-counts KV bucket: `tier-counts-bucket`, else derived (`SETTLE_TIER_COUNTS`
+    /// for the default deployment, `<input-stream>_<consumer-prefix>_TIER_COUNTS` for any
+    /// other); `None` when `tier-counts-bucket` is `""` (off).
+    pub fn tier_counts(&self) -> Option<String> {
+        match &self.tier_counts_bucket {
+            Some(b) if b.is_empty() => None,
+            Some(b) => Some(b.clone()),
+            None if self.is_default_deployment() => Some("SETTLE_TIER_COUNTS".to_owned()),
+            None => Some(format!("{}_TIER_COUNTS", self.identity_name())),
+        }
+    }
+
+    /// The changelog stream prefix: `changelog-stream`, else derived (`SETTLE_CHANGELOG` for
+    /// the default deployment, `<input-stream>_<consumer-prefix>_CHANGELOG` for any other);
+    /// `None` when `changelog-stream` is `""` (off).
+    pub fn changelog(&self) -> Option<String> {
+        match &self.changelog_stream {
+            Some(c) if c.is_empty() => None,
+            Some(c) => Some(c.clone()),
+            None if self.is_default_deployment() => Some("SETTLE_CHANGELOG".to_owned()),
+            None => Some(format!("{}_CHANGELOG", self.identity_name())),
+        }
+    }
+
+    /// The changelog subject prefix: `changelog-subject-prefix`, else `settle.changelog`
+    /// for the default deployment and `settle.changelog.<input-stream>.<consumer-prefix>`
+    /// for any other (each part made one subject token).
+    pub fn changelog_subject_prefix(&self) -> String {
+        match &self.changelog_subject_prefix {
+            Some(p) => p.clone(),
+            None if self.is_default_deployment() => "settle.changelog".to_owned(),
+            None => format!(
+                "settle.changelog.{}.{}",
+                subject_token(&self.input_stream),
+                subject_token(&self.consumer_prefix)
+            ),
+        }
+    }
+
+    /// The changelog stream of partition `partition`: `<changelog>-<partition>`
+    /// ([`NatsConfig::changelog`]).
     pub fn changelog_stream_name(&self, partition: i32) -> String {
-        format!("{}-{partition}", self.changelog_stream)
+        format!("{}-{partition}", self.changelog().unwrap_or_default())
     }
 
     /// The subjects of partition `partition`'s changelog stream: `<prefix>.<partition>.*`.
     pub fn changelog_subjects(&self, partition: i32) -> String {
-        format!("{}.{partition}.*", self.changelog_subject_prefix)
+        format!("{}.{partition}.*", self.changelog_subject_prefix())
+    }
+
+    /// The token to connect with: `token`, or what [`NatsConfig::read_secret_files`] read
+    /// from `token-file`.
+    pub fn token_value(&self) -> Option<&Secret> {
+        self.token.as_ref().or(self.token_from_file.as_ref())
+    }
+
+    /// The password of `user`: `password`, or what [`NatsConfig::read_secret_files`] read
+    /// from `password-file`.
+    pub fn password_value(&self) -> Option<&Secret> {
+        self.password.as_ref().or(self.password_from_file.as_ref())
+    }
+
+    /// Reads `token-file` and `password-file` (their content, trailing newline and
+    /// surrounding whitespace trimmed) into [`NatsConfig::token_value`] and
+    /// [`NatsConfig::password_value`]. `Config::load` calls it once, before validating.
+    ///
+    /// Errors: [`NatsConfigError`] naming the key and the path when a file cannot be read,
+    /// is not UTF-8 or holds only whitespace (the content is never in the message).
+    pub fn read_secret_files(&mut self) -> Result<(), NatsConfigError> {
+        fn read(key: &str, path: &std::path::Path) -> Result<Secret, NatsConfigError> {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| KeyError::new(key, format!("cannot read {}: {e}", path.display())))?;
+            let value = text.trim();
+            if value.is_empty() {
+                return Err(KeyError::new(key, format!("{} is empty", path.display())));
+            }
+            Ok(Secret(value.to_owned()))
+        }
+        if let Some(path) = &self.token_file {
+            self.token_from_file = Some(read("nats.token-file", path)?);
+        }
+        if let Some(path) = &self.password_file {
+            self.password_from_file = Some(read("nats.password-file", path)?);
+        }
+        Ok(())
+    }
+
+    /// `servers` with the password (or token) of every URL that carries one replaced by
+    /// `<redacted>` (`nats://u:<redacted>@host:4222`): what logs and `check-config` show.
+    pub fn servers_shown(&self) -> String {
+        self.servers
+            .split(',')
+            .map(|s| redact_url(s.trim()))
+            .collect::<Vec<_>>()
+            .join(",")
     }
 
     /// Checks what `[nats]` needs of `[tiers]`: every tier topic and the events topic are
@@ -441,13 +695,13 @@ impl NatsConfig {
                 ));
             }
             if self.changelog().is_some()
-                && subjects_overlap(&self.changelog_subject_prefix, subject)
+                && subjects_overlap(&self.changelog_subject_prefix(), subject)
             {
                 return Err(KeyError::new(
                     key.clone(),
                     format!(
                         "{subject:?} overlaps nats.changelog-subject-prefix ({:?}): output subjects must be apart",
-                        self.changelog_subject_prefix
+                        self.changelog_subject_prefix()
                     ),
                 ));
             }
@@ -518,6 +772,64 @@ pub fn owned_partitions(partitions: u32, instance: u32, instances: u32) -> Vec<i
         .collect()
 }
 
+/// The default `input-stream`.
+pub const DEFAULT_INPUT_STREAM: &str = "SETTLE_UPLOADS";
+
+/// The default `consumer-prefix`.
+pub const DEFAULT_CONSUMER_PREFIX: &str = "settle";
+
+/// `name` as a JetStream stream or KV bucket name part: every byte outside
+/// `[A-Za-z0-9_-]` (dots, spaces, wildcards) becomes `_`.
+fn stream_safe(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// `name` as one subject token: dots, whitespace, wildcards and non-ASCII become `_`.
+fn subject_token(name: &str) -> String {
+    let t: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_graphic() && !matches!(c, '.' | '*' | '>') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if t.is_empty() {
+        "_".to_owned()
+    } else {
+        t
+    }
+}
+
+/// Server URL `url` with the secret of its user-info part replaced by `<redacted>`:
+/// `nats://u:pw@h` → `nats://u:<redacted>@h`, `nats://token@h` → `nats://<redacted>@h`.
+pub fn redact_url(url: &str) -> String {
+    let (scheme, rest) = match url.find("://") {
+        Some(i) => (&url[..i + 3], &url[i + 3..]),
+        None => ("", url),
+    };
+    let host_start = rest.find(['/', '?']).unwrap_or(rest.len());
+    let Some(at) = rest[..host_start].rfind('@') else {
+        return url.to_owned();
+    };
+    let user_info = &rest[..at];
+    let shown = match user_info.split_once(':') {
+        Some((user, _)) => format!("{user}:{}", super::kafka::REDACTED),
+        None => super::kafka::REDACTED.to_owned(),
+    };
+    format!("{scheme}{shown}{}", &rest[at..])
+}
+
 /// Whether subject prefix `a` and subject `b` share subjects: equal, or one is the other's
 /// leading tokens (`settle.changelog` and `settle.changelog.3.ab`).
 fn subjects_overlap(a: &str, b: &str) -> bool {
@@ -574,12 +886,12 @@ mod tests {
     #[test]
     fn changelog_names_are_checked_and_apart() {
         let c = NatsConfig::default();
-        assert_eq!(c.changelog(), Some("SETTLE_CHANGELOG"));
+        assert_eq!(c.changelog().as_deref(), Some("SETTLE_CHANGELOG"));
         assert_eq!(c.changelog_stream_name(3), "SETTLE_CHANGELOG-3");
         assert_eq!(c.changelog_subjects(3), "settle.changelog.3.*");
         let off = NatsConfig {
-            changelog_stream: String::new(),
-            changelog_subject_prefix: "settle.uploads".into(),
+            changelog_stream: Some(String::new()),
+            changelog_subject_prefix: Some("settle.uploads".into()),
             ..NatsConfig::default()
         };
         assert_eq!(off.changelog(), None);
@@ -593,7 +905,7 @@ mod tests {
         ] {
             assert_eq!(
                 key(NatsConfig {
-                    changelog_subject_prefix: prefix.into(),
+                    changelog_subject_prefix: Some(prefix.into()),
                     ..NatsConfig::default()
                 }),
                 "nats.changelog-subject-prefix",
@@ -602,14 +914,14 @@ mod tests {
         }
         assert_eq!(
             key(NatsConfig {
-                changelog_stream: "bad name".into(),
+                changelog_stream: Some("bad name".into()),
                 ..NatsConfig::default()
             }),
             "nats.changelog-stream"
         );
         assert_eq!(
             key(NatsConfig {
-                changelog_stream: "SETTLE".into(),
+                changelog_stream: Some("SETTLE".into()),
                 input_stream: "SETTLE-1".into(),
                 ..NatsConfig::default()
             }),
@@ -725,7 +1037,16 @@ mod tests {
 
     #[test]
     fn secrets_are_not_printed() {
-        let c = parse("token = \"s3cret\"\nuser = \"u\"\npassword = \"pw\"").unwrap();
+        let c = parse(
+            "servers = \"nats://a:url-pw@h:4222, tls://tok@h2\"\ntoken = \"s3cret\"\nuser = \"u\"\npassword = \"pw\"",
+        )
+        .unwrap();
+        assert_eq!(
+            c.servers_shown(),
+            "nats://a:<redacted>@h:4222,tls://<redacted>@h2"
+        );
+        assert_eq!(redact_url("nats://h:4222"), "nats://h:4222");
+        assert!(!format!("{c:?}").contains("url-pw"), "{c:?}");
         let shown = format!("{c:?}");
         assert!(
             !shown.contains("s3cret") && !shown.contains("pw\""),

@@ -1079,8 +1079,14 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
                 }
                 continue;
             }
-            let decoded = codec::decode_upload(r.key.as_deref(), &r.payload, r.timestamp_ms, wall)
-                .and_then(|u| self.check_partition(&r, u));
+            let decoded = codec::decode_upload_with(
+                self.input.key_rule(),
+                r.key.as_deref(),
+                &r.payload,
+                r.timestamp_ms,
+                wall,
+            )
+            .and_then(|u| self.check_partition(&r, u));
             let upload = match decoded {
                 Ok(u) => Some(u),
                 Err(e) => {
@@ -1104,11 +1110,10 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
 
     /// `Err(WrongPartition)` when the transport fixes the partition of a key
     /// ([`PartitionInput::key_partition`], NATS) and `record`'s key belongs elsewhere
-    /// (SEMANTICS §2); the upload otherwise. Only called on a decoded upload, whose record
-    /// key is `tenant/session`.
+    /// (SEMANTICS §2); the upload otherwise. Only called on a decoded upload, whose session
+    /// key is `tenant/session` (and equals the record key when there is one).
     fn check_partition(&self, record: &InputRecord, upload: Upload) -> Result<Upload, DecodeError> {
-        let key = record.key.as_deref().unwrap_or_default();
-        match self.input.key_partition(key) {
+        match self.input.key_partition(upload.key.as_str().as_bytes()) {
             Some(expected) if expected != record.partition => Err(DecodeError::WrongPartition {
                 partition: record.partition,
                 expected,

@@ -20,6 +20,7 @@
 //! was paused longer than it may own partitions), a partition failed (the message names the
 //! first one and why), or the stop outlived its hard stop; 130 on a second signal.
 
+pub mod assignments;
 pub mod signals;
 
 pub use signals::{shutdown_on_signals, SignalThread};
@@ -28,6 +29,7 @@ use crate::admin::AdminServer;
 use crate::config::kafka::ProcessingGuarantee;
 use crate::config::{Config, Transport};
 use crate::engine::Engine;
+use crate::metrics::Metrics;
 use crate::runtime::{
     progress, ActionLog, Clock as _, PartitionExit, RunSummary, Runtime, RuntimeOptions,
     SystemClock,
@@ -186,6 +188,7 @@ pub async fn run_until(config: &Config, shutdown: CancellationToken) -> anyhow::
                 counts,
                 actions,
                 overrides,
+                beside: None,
             };
             serve(config, options, source, sink, shared, shutdown).await
         }
@@ -211,6 +214,18 @@ pub async fn run_until(config: &Config, shutdown: CancellationToken) -> anyhow::
             }
             let log = ActionLog::new(Some(actions.subject().to_owned()), &n.instance_name());
             let actions = (Arc::new(actions) as Arc<dyn ActionChannel>, log);
+            let heartbeat: Option<Beside> = match nats::TierCountsBucket::new(js.clone(), n) {
+                Some(bucket) => {
+                    let n = n.clone();
+                    Some(Box::new(move |metrics, stop| {
+                        Box::pin(assignments::watch(bucket, n, metrics, stop))
+                    }))
+                }
+                None => {
+                    tracing::warn!("nats.tier-counts-bucket is off: the instances do not exchange their assignments, so partitions nobody owns (a scale-down that left nats.instances too high) go unnoticed");
+                    None
+                }
+            };
             let overrides = nats::OverridesBucket::new(js.clone(), n)
                 .map(|b| Arc::new(b) as Arc<dyn OverrideStore>);
             let input_js = nats::jetstream(nats::connect(n).await?, 1);
@@ -219,23 +234,31 @@ pub async fn run_until(config: &Config, shutdown: CancellationToken) -> anyhow::
                 counts,
                 actions,
                 overrides,
+                beside: heartbeat,
             };
             serve(config, options, source, sink, shared, shutdown).await
         }
     }
 }
 
+/// A task of a transport that runs beside the runtime for as long as it runs, given the
+/// runtime's metrics and a token cancelled when it stops (NATS: [`assignments::watch`]).
+type Beside =
+    Box<dyn FnOnce(Metrics, CancellationToken) -> futures::future::BoxFuture<'static, ()> + Send>;
+
 /// What the instances of a deployment share through the broker besides the input and
 /// output: tier counts (with this instance's name), the action channel with this
-/// instance's action log, the tenant overrides.
+/// instance's action log, the tenant overrides; and the transport's task beside the
+/// runtime.
 struct Shared {
     counts: Option<(Arc<dyn TierCounts>, String)>,
     actions: (Arc<dyn ActionChannel>, ActionLog),
     overrides: Option<Arc<dyn OverrideStore>>,
+    beside: Option<Beside>,
 }
 
-/// What every transport shares: the runtime over `source` and `sink`, the admin server and
-/// the progress watch, until `shutdown`.
+/// What every transport shares: the runtime over `source` and `sink`, the admin server, the
+/// progress watch and the transport's `beside` task, until `shutdown`.
 async fn serve<S: Source, K: Sink>(
     config: &Config,
     options: RuntimeOptions,
@@ -248,6 +271,7 @@ async fn serve<S: Source, K: Sink>(
         counts,
         actions: (channel, log),
         overrides,
+        beside,
     } = shared;
     let mut runtime = Runtime::new(
         Engine::new(config.policy_table()),
@@ -275,9 +299,13 @@ async fn serve<S: Source, K: Sink>(
     let tail = tokio::spawn(tail_audit(Arc::clone(&channel), log));
     let admin = AdminServer::start_for(&config.admin, &runtime, Some(channel)).await?;
     let watch = tokio::spawn(progress::watch(runtime.status(), shutdown.clone()));
+    let beside = beside.map(|task| tokio::spawn(task(runtime.metrics(), shutdown.child_token())));
     let drill = signals::drill_block_workers(runtime.status());
     let summary = runtime.run(source, shutdown).await;
     watch.abort();
+    if let Some(beside) = beside {
+        beside.abort();
+    }
     tail.abort();
     if let Some(drill) = drill {
         drill.abort();
@@ -348,8 +376,10 @@ fn log_start(config: &Config, file: Option<&Path>) {
             let n = &config.nats;
             tracing::info!(
                 config = %shown,
-                servers = %n.servers,
+                servers = %n.servers_shown(),
                 stream = %n.input_stream,
+                changelog = n.changelog().as_deref().unwrap_or("(off)"),
+                tier_counts = n.tier_counts().as_deref().unwrap_or("(off)"),
                 instance = n.instance,
                 instances = n.instances,
                 partitions = ?n.owned_partitions(),

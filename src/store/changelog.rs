@@ -116,6 +116,11 @@ pub(crate) fn is_local(cf: &str, key: &[u8]) -> bool {
     cf == CF_META && is_local_meta(key)
 }
 
+/// The changelog key of the writer record, `meta\0writer` (part of every append).
+pub fn writer_key() -> Vec<u8> {
+    changelog_key(CF_META, META_WRITER)
+}
+
 /// The writer id in a changelog record of key `meta\0writer`, if `change` is one.
 pub fn writer_of(change: &Change) -> Option<u64> {
     let rest = change

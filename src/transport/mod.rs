@@ -52,6 +52,7 @@ pub mod kafka;
 pub mod memory;
 pub mod nats;
 
+pub use crate::codec::KeyRule;
 use crate::store::Change;
 use crate::tiers::TierChange;
 use bytes::Bytes;
@@ -316,6 +317,14 @@ pub trait PartitionInput: Send + 'static {
     /// `wrong_partition` (SEMANTICS §2): its session's other uploads live there.
     fn key_partition(&self, _key: &[u8]) -> Option<i32> {
         None
+    }
+
+    /// Whether a record must carry a record key ([`KeyRule::Required`], the default: Kafka,
+    /// where the key decides the partition) or may leave it out ([`KeyRule::Optional`]:
+    /// NATS, where the session key is the body's `tenant/session` and its subject's
+    /// partition is checked by [`PartitionInput::key_partition`]; SEMANTICS §2).
+    fn key_rule(&self) -> KeyRule {
+        KeyRule::Required
     }
 }
 

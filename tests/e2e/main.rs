@@ -44,6 +44,7 @@ mod kafka_rebalance;
 mod kafka_tiers;
 mod kafka_transport;
 mod nats_actions;
+mod nats_deployments;
 mod nats_overrides;
 mod nats_pipeline;
 mod nats_process;

@@ -124,6 +124,7 @@ async fn traffic(
                     &key,
                     body.as_bytes(),
                     None,
+                    true,
                 )
                 .await?;
                 acks.push(ack);

@@ -70,10 +70,10 @@ impl Setup {
             input_subject_prefix: format!("t{id}.uploads"),
             dead_letter_subject: format!("t{id}.dlq"),
             consumer_prefix: format!("c{id}"),
-            changelog_stream: format!("T_{id}_CL"),
-            changelog_subject_prefix: format!("t{id}.changelog"),
-            tier_counts_bucket: format!("T_{id}_TC"),
-            overrides_bucket: format!("T_{id}_OV"),
+            changelog_stream: Some(format!("T_{id}_CL")),
+            changelog_subject_prefix: Some(format!("t{id}.changelog")),
+            tier_counts_bucket: Some(format!("T_{id}_TC")),
+            overrides_bucket: Some(format!("T_{id}_OV")),
             partitions,
             storage,
             ..NatsConfig::default()
@@ -113,6 +113,17 @@ impl Setup {
         json: &[u8],
         msg_id: Option<&str>,
     ) -> Result<(i32, u64)> {
+        self.publish_with(key, json, msg_id, true).await
+    }
+
+    /// [`Setup::publish`] with header `settle-key` only when `key_header` (it is optional).
+    pub async fn publish_with(
+        &self,
+        key: &str,
+        json: &[u8],
+        msg_id: Option<&str>,
+        key_header: bool,
+    ) -> Result<(i32, u64)> {
         let (p, ack) = nats::publish_upload(
             &self.js,
             &self.nats.input_subject_prefix,
@@ -120,6 +131,7 @@ impl Setup {
             key,
             json,
             msg_id,
+            key_header,
         )
         .await?;
         Ok((p, ack.await?.sequence))
@@ -228,11 +240,12 @@ impl Setup {
     /// Deletes the test's streams (with their consumers), changelog streams and tier-counts
     /// bucket included.
     pub async fn cleanup(&self) {
-        let _ = self
-            .js
-            .delete_key_value(&self.nats.tier_counts_bucket)
-            .await;
-        let _ = self.js.delete_key_value(&self.nats.overrides_bucket).await;
+        if let Some(bucket) = self.nats.tier_counts() {
+            let _ = self.js.delete_key_value(&bucket).await;
+        }
+        if let Some(bucket) = self.nats.overrides() {
+            let _ = self.js.delete_key_value(&bucket).await;
+        }
         for s in [&self.nats.input_stream, &self.nats.output_stream] {
             let _ = self.js.delete_stream(s).await;
         }
@@ -261,11 +274,7 @@ instances = {instances}
 consumer-prefix = "{consumers}"
 dead-letter-subject = "{dlq}"
 output-stream = "{output}"
-changelog-stream = "{changelog}"
-changelog-subject-prefix = "{changelog_prefix}"
-tier-counts-bucket = "{tier_counts}"
-overrides-bucket = "{overrides}"
-storage = "memory"
+{names}storage = "memory"
 
 [tiers]
 events-topic = "{events}"
@@ -283,10 +292,15 @@ topic = "{limited}"
             consumers = n.consumer_prefix,
             dlq = n.dead_letter_subject,
             output = n.output_stream,
-            changelog = n.changelog_stream,
-            changelog_prefix = n.changelog_subject_prefix,
-            tier_counts = n.tier_counts_bucket,
-            overrides = n.overrides_bucket,
+            names = [
+                ("changelog-stream", &n.changelog_stream),
+                ("changelog-subject-prefix", &n.changelog_subject_prefix),
+                ("tier-counts-bucket", &n.tier_counts_bucket),
+                ("overrides-bucket", &n.overrides_bucket),
+            ]
+            .iter()
+            .filter_map(|(k, v)| Some(format!("{k} = \"{}\"\n", v.as_ref()?)))
+            .collect::<String>(),
             events = self.tiers.events_topic,
             normal = self.tier_subject("normal"),
             limited = self.tier_subject("limited"),
@@ -328,11 +342,17 @@ pub fn trace_of(input: &[StreamRecord], partitions: u32) -> Result<String> {
     let mut lines: Vec<(i64, i32, u64, String)> = Vec::new();
     for r in input {
         let key = r.header(nats::KEY_HEADER).map(str::as_bytes);
-        if codec::decode_upload(key, &r.payload, r.timestamp_ms, i64::MAX).is_err() {
+        let Ok(upload) = codec::decode_upload_with(
+            codec::KeyRule::Optional,
+            key,
+            &r.payload,
+            r.timestamp_ms,
+            i64::MAX,
+        ) else {
             continue;
-        }
+        };
         let partition = r.partition().context("input subject without a partition")?;
-        let owner = nats::partition_for_key(key.unwrap_or_default(), partitions);
+        let owner = nats::partition_for_key(upload.key.as_str().as_bytes(), partitions);
         if partition != owner {
             continue; // dead-lettered as wrong_partition
         }

@@ -1,7 +1,9 @@
 //! The NATS [`ActionChannel`] (SEMANTICS §7): an operator action record is published to the
 //! input subject of the partition its session hashes to (`key_partition`: settle decides
 //! NATS partitions), a bulk one to every partition's subject; audit records go to the
-//! subject `settle-audit.<input-stream>` of the stream `<input-stream>_AUDIT` (created at
+//! subject `settle-audit.<input-stream>` of the stream `<input-stream>_AUDIT` (for a
+//! deployment other than the default one, `settle-audit.<input-stream>.<consumer-prefix>`
+//! of `<input-stream>_<consumer-prefix>_AUDIT`: [`NatsActions::audit_names`]; created at
 //! start when missing, with the input stream's storage, replicas and max age), read back
 //! by every instance from about 24 h ago with an ephemeral consumer.
 
@@ -25,12 +27,27 @@ pub struct NatsActions {
 }
 
 impl NatsActions {
-    /// The audit subject and stream of `config`'s deployment.
+    /// The audit subject and stream of `config`'s deployment: `settle-audit.<input-stream>`
+    /// and `<input-stream>_AUDIT` for the default deployment
+    /// ([`NatsConfig::is_default_deployment`]), else
+    /// `settle-audit.<input-stream>.<consumer-prefix>` and
+    /// `<input-stream>_<consumer-prefix>_AUDIT`, so two deployments reading one input
+    /// stream keep their audits apart.
     pub fn audit_names(config: &NatsConfig) -> (String, String) {
-        (
-            format!("settle-audit.{}", config.input_stream),
-            format!("{}_AUDIT", config.input_stream),
-        )
+        if config.is_default_deployment() {
+            (
+                format!("settle-audit.{}", config.input_stream),
+                format!("{}_AUDIT", config.input_stream),
+            )
+        } else {
+            (
+                format!(
+                    "settle-audit.{}.{}",
+                    config.input_stream, config.consumer_prefix
+                ),
+                format!("{}_{}_AUDIT", config.input_stream, config.consumer_prefix),
+            )
+        }
     }
 
     /// A channel over `js` for `config`'s deployment.

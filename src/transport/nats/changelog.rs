@@ -37,6 +37,19 @@
 //! (`meta\0writer`); if another writer appended after the restore's read, the claim is
 //! refused and the restore reads the rest and claims again (`runtime::restore`).
 //!
+//! # Bound to its input
+//!
+//! The writer record (`meta\0writer`, part of every append) carries headers
+//! [`INPUT_STREAM_HEADER`] (`nats.input-stream`) and [`INPUT_PARTITIONS_HEADER`]
+//! (`nats.partitions`). Before a restore reads a partition's stream, the last writer record
+//! is looked up: one that names another input stream or partition count is refused with a
+//! fatal error saying which input the changelog records, which one this deployment reads and
+//! which setting to change ([`check_binding`]), so a deployment pointed at another's
+//! changelog (two deployments on one account sharing `nats.changelog-stream`) stops instead
+//! of restoring foreign state. A stream without such headers (written by an older settle)
+//! is adopted. The stream names themselves default to the deployment's identity
+//! (`NatsConfig::changelog`).
+//!
 //! Each message also has `Nats-Msg-Id` = `cl:<process id>:<sequence>`: a publish retried after
 //! a lost ack is dropped as a duplicate (or, past the duplicate window, refused as
 //! out-of-sequence and then recognised as this process's own by reading the message back).
@@ -49,6 +62,7 @@
 //! the store's writes, as the Kafka changelog's idempotent producer guarantees.
 
 use super::{fatal, unavailable, NatsConfig, CALL_TIMEOUT, TRANSPORT};
+use crate::store::changelog::writer_of;
 use crate::store::Change;
 use crate::transport::{ChangelogReader, Error};
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy, PullConsumer};
@@ -67,6 +81,15 @@ use tokio::sync::{mpsc, oneshot};
 /// Header of a changelog message that records a delete (value `1`, empty body).
 pub const TOMBSTONE_HEADER: &str = "settle-tombstone";
 
+/// Header of a changelog's writer record (`meta\0writer`, part of every append): the input
+/// stream the changelog records (`nats.input-stream`). A restore refuses a changelog whose
+/// writer record names another input ([`check_binding`]).
+pub const INPUT_STREAM_HEADER: &str = "settle-input-stream";
+
+/// Header of a changelog's writer record: the input's partition count (`nats.partitions`,
+/// decimal) when it was written.
+pub const INPUT_PARTITIONS_HEADER: &str = "settle-input-partitions";
+
 /// Most messages one reader fetch asks for.
 const READ_FETCH: usize = 5_000;
 
@@ -82,6 +105,10 @@ pub(crate) struct NatsChangelog {
 
 struct Inner {
     js: jetstream::Context,
+    /// The stream name prefix ([`NatsConfig::changelog`]).
+    name: String,
+    /// The subject prefix ([`NatsConfig::changelog_subject_prefix`]).
+    subject_prefix: String,
     config: NatsConfig,
     /// `cl:<random>`: the `Nats-Msg-Id` prefix of this process's appends.
     msg_id_prefix: String,
@@ -111,10 +138,12 @@ struct Job {
 impl NatsChangelog {
     /// The changelog of `config` (`None` when `nats.changelog-stream` is `""`).
     pub(crate) fn new(js: jetstream::Context, config: &NatsConfig) -> Option<Self> {
-        config.changelog()?;
+        let name = config.changelog()?;
         Some(NatsChangelog {
             inner: Arc::new(Inner {
                 js,
+                name,
+                subject_prefix: config.changelog_subject_prefix(),
                 config: config.clone(),
                 msg_id_prefix: format!("cl:{:016x}", rand::random::<u64>()),
                 partitions: Mutex::new(HashMap::new()),
@@ -124,7 +153,7 @@ impl NatsChangelog {
 
     /// The stream name prefix (`nats.changelog-stream`).
     pub(crate) fn name(&self) -> &str {
-        &self.inner.config.changelog_stream
+        &self.inner.name
     }
 
     fn log(&self, partition: i32) -> Arc<PartitionLog> {
@@ -176,6 +205,7 @@ impl NatsChangelog {
         from: i64,
     ) -> Result<Box<dyn ChangelogReader>, Error> {
         let mut stream = ensure_stream(&self.inner.js, &self.inner.config, partition).await?;
+        self.check_input(&stream, partition).await?;
         let info = tokio::time::timeout(CALL_TIMEOUT, stream.info())
             .await
             .map_err(|_| {
@@ -230,6 +260,82 @@ impl NatsChangelog {
             done: from >= end || last == 0,
         }))
     }
+}
+
+impl NatsChangelog {
+    /// Reads the last writer record of `partition`'s changelog `stream` and refuses a
+    /// changelog of another input ([`check_binding`]). A stream without one (new) or whose
+    /// writer record has no input headers (written by an older settle) is adopted.
+    ///
+    /// Errors: [`Error::Fatal`] from [`check_binding`]; [`Error::Unavailable`] when the
+    /// server does not answer.
+    async fn check_input(&self, stream: &stream::Stream, partition: i32) -> Result<(), Error> {
+        use async_nats::jetstream::stream::LastRawMessageErrorKind;
+        let subject = record_subject(
+            &self.inner.subject_prefix,
+            partition,
+            &crate::store::changelog::writer_key(),
+        );
+        let found = tokio::time::timeout(
+            CALL_TIMEOUT,
+            stream.get_last_raw_message_by_subject(&subject),
+        )
+        .await
+        .map_err(|_| {
+            unavailable(format!(
+                "changelog writer record of partition {partition}: timed out"
+            ))
+        })?;
+        let headers = match found {
+            Ok(m) => m.headers,
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(()),
+            Err(e) => {
+                return Err(unavailable(format!(
+                    "changelog writer record of partition {partition}: {e}"
+                )))
+            }
+        };
+        check_binding(
+            &self.inner.config,
+            &stream.cached_info().config.name,
+            headers.get(INPUT_STREAM_HEADER).map(|v| v.as_str()),
+            headers.get(INPUT_PARTITIONS_HEADER).map(|v| v.as_str()),
+        )
+    }
+}
+
+/// Whether changelog `stream`, whose writer record names input stream `input` and partition
+/// count `partitions` (its headers; `None` when absent: written by a settle that did not
+/// record them, adopted), records the input `config` reads.
+///
+/// Errors: [`Error::Fatal`] saying which input the changelog records, which one this
+/// deployment reads, and which setting to change.
+pub(crate) fn check_binding(
+    config: &NatsConfig,
+    stream: &str,
+    input: Option<&str>,
+    partitions: Option<&str>,
+) -> Result<(), Error> {
+    if let Some(input) = input.filter(|i| *i != config.input_stream) {
+        return Err(fatal(format!(
+            "changelog stream {stream} records input stream {input}, but this deployment reads \
+             input stream {}: it is another deployment's changelog, and restoring it would mix \
+             their state. Give this deployment its own changelog: remove nats.changelog-stream \
+             and nats.changelog-subject-prefix from the config (the defaults are derived from \
+             nats.input-stream and nats.consumer-prefix) or set them to names no other \
+             deployment uses",
+            config.input_stream
+        )));
+    }
+    if let Some(n) = partitions.filter(|n| n.parse::<u32>().ok() != Some(config.partitions)) {
+        return Err(fatal(format!(
+            "changelog stream {stream} records input stream {} with {n} partitions, but \
+             nats.partitions is {}: the partition count must not change once data flows (it \
+             moves sessions between partitions); set nats.partitions back to {n}",
+            config.input_stream, config.partitions
+        )));
+    }
+    Ok(())
 }
 
 /// The changelog stream of `partition`, created if missing; an existing one must keep one
@@ -355,7 +461,7 @@ async fn append_job(
         Some(l) => l,
         None => stream_last(inner, partition).await?,
     };
-    let prefix = &inner.config.changelog_subject_prefix;
+    let prefix = &inner.subject_prefix;
     let messages: Vec<(String, PublishMessage)> = changes
         .iter()
         .enumerate()
@@ -487,6 +593,14 @@ fn message(inner: &Inner, c: &Change, after: u64, previous: Option<String>) -> P
         async_nats::header::NATS_MESSAGE_ID,
         msg_id(inner, after + 1).as_str(),
     );
+    if writer_of(c).is_some() {
+        // The writer record (in every append) names the input it records.
+        headers.insert(INPUT_STREAM_HEADER, inner.config.input_stream.as_str());
+        headers.insert(
+            INPUT_PARTITIONS_HEADER,
+            inner.config.partitions.to_string().as_str(),
+        );
+    }
     let payload = match &c.value {
         Some(v) => Bytes::copy_from_slice(v),
         None => {
@@ -643,6 +757,37 @@ impl Drop for NatsChangelogReader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_changelog_of_another_input_is_refused() {
+        let config = NatsConfig {
+            input_stream: "B_UPLOADS".into(),
+            partitions: 4,
+            ..NatsConfig::default()
+        };
+        assert!(
+            check_binding(&config, "CL-0", None, None).is_ok(),
+            "old: adopted"
+        );
+        assert!(check_binding(&config, "CL-0", Some("B_UPLOADS"), Some("4")).is_ok());
+        let e = check_binding(&config, "CL-0", Some("A_UPLOADS"), Some("4"))
+            .unwrap_err()
+            .to_string();
+        for words in [
+            "CL-0 records input stream A_UPLOADS",
+            "reads input stream B_UPLOADS",
+            "nats.changelog-stream",
+        ] {
+            assert!(e.contains(words), "{e:?} lacks {words:?}");
+        }
+        let e = check_binding(&config, "CL-0", Some("B_UPLOADS"), Some("8"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("8 partitions") && e.contains("nats.partitions is 4"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn record_subjects_round_trip_any_key() {

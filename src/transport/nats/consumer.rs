@@ -9,7 +9,9 @@ use super::{
     IDLE_FETCH_INTERVAL, KEY_HEADER, MAX_FETCH, TRANSPORT,
 };
 use crate::config::tiers::TiersConfig;
-use crate::transport::{Error, InputBatch, InputRecord, PartitionInput, Source, SourceEvent};
+use crate::transport::{
+    Error, InputBatch, InputRecord, KeyRule, PartitionInput, Source, SourceEvent,
+};
 use async_nats::jetstream;
 use async_nats::jetstream::consumer::{AckPolicy, PullConsumer};
 use async_nats::Subject;
@@ -501,6 +503,10 @@ impl PartitionInput for NatsInput {
 
     fn key_partition(&self, key: &[u8]) -> Option<i32> {
         Some(partition_for_key(key, self.config.partitions))
+    }
+
+    fn key_rule(&self) -> KeyRule {
+        KeyRule::Optional
     }
 
     /// Hands the acks of every message below `next_offset` to the partition's ack task

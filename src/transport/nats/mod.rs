@@ -214,10 +214,10 @@ pub async fn connect(config: &NatsConfig) -> Result<async_nats::Client, Error> {
             .await
             .map_err(|e| fatal(format!("nats.credentials-file {}: {e}", path.display())))?;
     }
-    if let Some(token) = &config.token {
+    if let Some(token) = config.token_value() {
         options = options.token(token.0.clone());
     }
-    if let (Some(user), Some(password)) = (&config.user, &config.password) {
+    if let (Some(user), Some(password)) = (&config.user, config.password_value()) {
         options = options.user_and_password(user.clone(), password.0.clone());
     }
     if config.tls_required {
@@ -232,7 +232,7 @@ pub async fn connect(config: &NatsConfig) -> Result<async_nats::Client, Error> {
     options
         .connect(config.server_list())
         .await
-        .map_err(|e| fatal(format!("cannot connect to {}: {e}", config.servers)))
+        .map_err(|e| fatal(format!("cannot connect to {}: {e}", config.servers_shown())))
 }
 
 /// Logs a connection event; while disconnected, the failed reconnect attempts only at debug

@@ -165,8 +165,9 @@ impl Sink for NatsSink {
 }
 
 /// Publishes one upload for session key `key` (`tenant/session`) to its partition's subject
-/// `<prefix>.<partition_for_key(key)>` with header `settle-key` (and `Nats-Msg-Id` =
-/// `msg_id` if given, so JetStream drops a retried publish it already stored), and returns
+/// `<prefix>.<partition_for_key(key)>` with header `settle-key` when `key_header` (it is
+/// optional: settle takes the key from the body, SEMANTICS §2), and `Nats-Msg-Id` =
+/// `msg_id` if given, so JetStream drops a retried publish it already stored; returns
 /// the partition and the publish-ack future (await it for the stream sequence). The message
 /// is handed to the client in call order, so uploads of one session keep their order.
 ///
@@ -179,10 +180,13 @@ pub async fn publish_upload(
     key: &str,
     json: &[u8],
     msg_id: Option<&str>,
+    key_header: bool,
 ) -> anyhow::Result<(i32, PublishAckFuture)> {
     let partition = partition_for_key(key.as_bytes(), partitions);
     let mut headers = HeaderMap::new();
-    headers.insert(KEY_HEADER, key);
+    if key_header {
+        headers.insert(KEY_HEADER, key);
+    }
     if let Some(id) = msg_id {
         headers.insert(async_nats::header::NATS_MESSAGE_ID, id);
     }

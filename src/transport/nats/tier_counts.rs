@@ -9,6 +9,11 @@
 //! * **Feed**: `watch_all` (new values only).
 //!
 //! KV keys are `[-/_=.A-Za-z0-9]+`: [`kv_key`] replaces anything else in an instance name.
+//!
+//! The bucket also holds each instance's partition assignment under
+//! `assignment.<instance>` ([`ASSIGNMENT_PREFIX`], [`TierCountsBucket::put_assignment`],
+//! [`TierCountsBucket::read_assignments`]; `service::assignments` checks them for partitions
+//! nobody owns); the tier-count reads and the feed skip those keys.
 
 use super::{unavailable, NatsConfig, Storage};
 use crate::transport::{Error, TierCounts, TierCountsFeed};
@@ -36,7 +41,7 @@ impl TierCountsBucket {
     /// The tier-counts bucket of `config`, `None` when sharing is off (`""`). Nothing is
     /// asked of the server until first use.
     pub fn new(js: jetstream::Context, config: &NatsConfig) -> Option<Self> {
-        let bucket = config.tier_counts()?.to_owned();
+        let bucket = config.tier_counts()?;
         Some(TierCountsBucket {
             js,
             bucket,
@@ -144,6 +149,68 @@ pub(super) async fn open_bucket(
     }
 }
 
+/// Key prefix of the assignment records in the bucket (module docs).
+pub const ASSIGNMENT_PREFIX: &str = "assignment.";
+
+impl TierCountsBucket {
+    /// Writes `record` as instance `instance`'s assignment (`assignment.<instance>`).
+    ///
+    /// Errors: [`Error::Unavailable`] when the bucket cannot be opened or written.
+    pub async fn put_assignment(&self, instance: &str, record: Vec<u8>) -> Result<(), Error> {
+        let key = format!("{ASSIGNMENT_PREFIX}{}", kv_key(instance));
+        let store = self.store().await?;
+        if let Err(e) = store.put(key, record.into()).await {
+            self.forget().await;
+            return Err(unavailable(format!(
+                "assignment put to {}: {e}",
+                self.bucket
+            )));
+        }
+        Ok(())
+    }
+
+    /// Every assignment record in the bucket (of live instances and of gone ones: the
+    /// caller decides by their time).
+    ///
+    /// Errors: [`Error::Unavailable`] when the bucket cannot be read.
+    pub async fn read_assignments(&self) -> Result<Vec<Vec<u8>>, Error> {
+        self.values(true).await
+    }
+
+    /// The non-empty values of the assignment keys (`assignments`) or of every other key
+    /// (the tier counts); a key deleted between listing and reading is skipped.
+    ///
+    /// Errors: [`Error::Unavailable`] when the bucket cannot be listed or read.
+    async fn values(&self, assignments: bool) -> Result<Vec<Vec<u8>>, Error> {
+        let store = self.store().await?;
+        let what = if assignments {
+            "assignment"
+        } else {
+            "tier-counts"
+        };
+        let mut keys = store
+            .keys()
+            .await
+            .map_err(|e| unavailable(format!("{what} keys: {e}")))?;
+        let mut names = Vec::new();
+        while let Some(k) = keys.next().await {
+            let k = k.map_err(|e| unavailable(format!("{what} keys: {e}")))?;
+            if k.starts_with(ASSIGNMENT_PREFIX) == assignments {
+                names.push(k);
+            }
+        }
+        let mut out = Vec::with_capacity(names.len());
+        for k in names {
+            match store.get(k).await {
+                Ok(Some(v)) if !v.is_empty() => out.push(v.to_vec()),
+                Ok(_) => {}
+                Err(e) => return Err(unavailable(format!("{what} get: {e}"))),
+            }
+        }
+        Ok(out)
+    }
+}
+
 /// `instance` as a KV key: every byte outside `[-_=.A-Za-z0-9]` becomes `_` (`/` too, so a
 /// key is one token); empty becomes `_`.
 pub fn kv_key(instance: &str) -> String {
@@ -189,26 +256,7 @@ impl TierCounts for TierCountsBucket {
 
     fn read_latest(&self, timeout: Duration) -> BoxFuture<'_, Result<Vec<Vec<u8>>, Error>> {
         Box::pin(async move {
-            let read = async {
-                let store = self.store().await?;
-                let mut keys = store
-                    .keys()
-                    .await
-                    .map_err(|e| unavailable(format!("tier-counts keys: {e}")))?;
-                let mut names = Vec::new();
-                while let Some(k) = keys.next().await {
-                    names.push(k.map_err(|e| unavailable(format!("tier-counts keys: {e}")))?);
-                }
-                let mut out = Vec::with_capacity(names.len());
-                for k in names {
-                    match store.get(k).await {
-                        Ok(Some(v)) if !v.is_empty() => out.push(v.to_vec()),
-                        Ok(_) => {}
-                        Err(e) => return Err(unavailable(format!("tier-counts get: {e}"))),
-                    }
-                }
-                Ok(out)
-            };
+            let read = self.values(false);
             tokio::time::timeout(timeout, read).await.map_err(|_| {
                 unavailable(format!(
                     "tier-counts bucket {} not read within {} s",
@@ -241,7 +289,10 @@ impl TierCountsFeed for Watch {
             loop {
                 match self.watch.next().await {
                     Some(Ok(entry)) => {
-                        if entry.operation == kv::Operation::Put && !entry.value.is_empty() {
+                        if entry.operation == kv::Operation::Put
+                            && !entry.value.is_empty()
+                            && !entry.key.starts_with(ASSIGNMENT_PREFIX)
+                        {
                             return Ok(entry.value.to_vec());
                         }
                     }
