@@ -11,6 +11,7 @@
 use crate::admin_support;
 use crate::kafka_support;
 
+use crate::process_support::free_port;
 use admin_support::{try_get, Scrape};
 use anyhow::{ensure, Result};
 use kafka_support::{broker, emitted, now_ms};
@@ -26,12 +27,6 @@ const PARTITIONS: i32 = 3;
 const SESSIONS: usize = 10;
 /// Bound on one step that talks to the broker or waits for the runtime.
 const STEP: Duration = Duration::from_secs(120);
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_run_serves_metrics_that_match_the_topics() -> Result<()> {

@@ -17,6 +17,7 @@
 
 use crate::admin_support::{post_json, try_get};
 use crate::kafka_support::{broker, fresh_topics, ready_records};
+use crate::process_support::free_port;
 use crate::process_support::start_run_logged;
 use anyhow::{ensure, Context as _, Result};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -32,12 +33,6 @@ use std::time::Duration;
 const PARTITIONS: i32 = 6;
 const SESSIONS: usize = 18;
 const STEP: Duration = Duration::from_secs(180);
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
 
 /// One `settle run` process of the test (also used by `kafka_overrides`).
 pub(crate) struct Instance {

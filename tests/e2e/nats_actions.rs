@@ -19,6 +19,7 @@
 
 use crate::admin_support::{get_json, post_json, try_get};
 use crate::nats_support::{server, Setup, STEP};
+use crate::process_support::free_port;
 use crate::process_support::start_run_logged;
 use anyhow::{ensure, Context as _, Result};
 use serde_json::{json, Value};
@@ -34,12 +35,6 @@ use std::time::Duration;
 
 const PARTITIONS: u32 = 4;
 const SESSIONS: usize = 16;
-
-pub(crate) fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
 
 fn config(setup: &Setup, dir: &Path, index: u32, port: u16) -> Result<PathBuf> {
     let data = dir.join(format!("data-{index}"));

@@ -12,6 +12,15 @@ use std::time::{Duration, Instant};
 /// The `settle` binary with a clean environment for a test: no `SETTLE_CONFIG` or
 /// `SETTLE_TRANSPORT` from the caller, the admin server on any free port (a settle already on
 /// the default port must not make this one fail to start), stdout discarded, stderr shown.
+/// A TCP port on 127.0.0.1 free at the time of asking (for a child's admin listener).
+///
+/// Errors: no port can be bound.
+pub fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
 pub fn settle() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_settle"));
     c.env_remove("SETTLE_CONFIG")
