@@ -42,7 +42,7 @@ enum Command {
     /// (the demo's scenarios), for trying settle, tests and benchmarks.
     Loadgen(cli::loadgen::LoadgenArgs),
     /// Operate a running instance through its admin API: whoami, partitions, pending work,
-    /// flush or cancel rounds, the audit trail (URL from --url or SETTLE_ADMIN_URL, token
+    /// flush or cancel rounds, tenant overrides, the audit trail (URL from --url or SETTLE_ADMIN_URL, token
     /// from --token-file or SETTLE_ADMIN_TOKEN).
     Admin(cli::admin::AdminArgs),
     /// Print the records of Kafka topics (or, with --nats, NATS JetStream subjects) as JSON
