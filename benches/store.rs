@@ -224,6 +224,7 @@ fn list_pending(store: &mut PartitionStore) {
                         rounds += 1;
                         uploads += u64::from(r.uploads);
                     }
+                    true
                 })
                 .expect("slice");
             times.push(t.elapsed());

@@ -222,7 +222,7 @@ pub fn select(
             super::pending::SLICE_TIMERS,
             |due, key, state| {
                 let Some(r) = state.round.as_ref().filter(|r| r.uploads > 0) else {
-                    return;
+                    return true;
                 };
                 if !filter.admits(partition, key, due)
                     || filter.min_uploads.is_some_and(|m| r.uploads < m)
@@ -231,13 +231,14 @@ pub fn select(
                         .is_some_and(|p| p != r.policy.unwrap_or_else(|| engine.spec_for(key).name))
                     || filter.tier.is_some() && !in_tier(key.tenant())
                 {
-                    return;
+                    return true;
                 }
                 if out.len() < limit {
                     out.push((key.clone(), r.uploads));
                 } else {
                     more = true;
                 }
+                true
             },
         )?;
         match next {

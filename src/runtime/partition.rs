@@ -689,7 +689,9 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
             // After the emissions of the last flush were handed out: eviction is not on
             // their way (a share of a sweep per turn; `PartitionStore::evict`).
             self.store.evict();
-            while let Ok(q) = self.queries.try_recv() {
+            // One query (a bounded slice, `pending::SLICE_BUDGET`) per loop turn: a listing
+            // chained slice after slice never holds the input between two polls for longer.
+            if let Ok(q) = self.queries.try_recv() {
                 self.answer(q);
             }
             if cancel.is_cancelled() {

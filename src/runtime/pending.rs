@@ -20,19 +20,32 @@ use crate::engine::{Engine, Millis, PolicyName, SessionKey, SessionState};
 use crate::store::{self, PartitionStore};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
 /// Timers one slice visits at most (live timers; the stale entries between them too).
 pub const SLICE_TIMERS: usize = 4096;
 
+/// Longest a slice holds its partition task (checked every [`BUDGET_CHECK`] timers): a slice
+/// over evicted keys reads each one from RocksDB, so a count of timers alone does not bound
+/// it. The asker chains slices until its page is full.
+pub const SLICE_BUDGET: Duration = Duration::from_millis(2);
+
+/// Timers visited between two looks at the clock in a slice.
+const BUDGET_CHECK: usize = 32;
+
 /// Slices one listing page may ask for in all before it returns what it has with a cursor
-/// (bounds a request with a selective filter over many rounds: 256 slices, ~1 M timers).
+/// (bounds a request with a selective filter over many rounds: 256 slices, at most ~1 M
+/// timers, at most ~0.5 s of partition time).
 pub const PAGE_SLICES: usize = 256;
 
-/// Slices a summary asks of one partition at most (64 M timers); beyond it the summary is
-/// marked truncated.
-pub const SUMMARY_SLICES: usize = 16_384;
+/// Slices a summary asks of one partition at most; beyond it (or beyond [`SUMMARY_TIME`])
+/// the summary is marked truncated.
+pub const SUMMARY_SLICES: usize = 262_144;
+
+/// Longest a summary walks (all partitions together) before it answers with what it has,
+/// marked truncated: a million evicted rounds are a million RocksDB reads.
+pub const SUMMARY_TIME: Duration = Duration::from_secs(30);
 
 /// Longest wait for one slice's answer.
 pub const SLICE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -130,6 +143,9 @@ pub struct SliceQuery {
     pub after: Option<(Millis, SessionKey)>,
     /// Rows or counts.
     pub kind: SliceKind,
+    /// Matching rows wanted at most (kind `Rows`: the rest of the asker's page); the slice
+    /// ends after the one that fills it.
+    pub max_rows: usize,
     /// Which rounds (its `tier` is the asker's to check: the partition task has no router).
     pub filter: Arc<SessionFilter>,
     /// Where the answer goes.
@@ -165,21 +181,26 @@ pub fn answer_slice(
         ..Slice::default()
     };
     let filter = &q.filter;
+    let started = Instant::now();
+    let mut visited = 0usize;
+    let max_rows = q.max_rows.max(1);
     let walked = store.timer_slice(
         q.after.as_ref(),
         SLICE_TIMERS,
         |due, key, state: &SessionState| {
+            visited += 1;
+            let go_on = !visited.is_multiple_of(BUDGET_CHECK) || started.elapsed() < SLICE_BUDGET;
             let Some(r) = state.round.as_ref().filter(|r| r.uploads > 0) else {
-                return;
+                return go_on;
             };
             if !filter.admits(partition, key, due)
                 || filter.min_uploads.is_some_and(|m| r.uploads < m)
             {
-                return;
+                return go_on;
             }
             let policy = r.policy.unwrap_or_else(|| engine.spec_for(key).name);
             if filter.policy.is_some_and(|p| p != policy) {
-                return;
+                return go_on;
             }
             match q.kind {
                 SliceKind::Counts => {
@@ -207,6 +228,7 @@ pub fn answer_slice(
                     },
                 }),
             }
+            go_on && slice.rows.len() < max_rows
         },
     );
     let answer = walked
@@ -307,12 +329,14 @@ async fn ask(
     tx: &mpsc::Sender<Query>,
     after: Option<(Millis, SessionKey)>,
     kind: SliceKind,
+    max_rows: usize,
     filter: &Arc<SessionFilter>,
 ) -> Result<Slice, String> {
     let (reply, rx) = oneshot::channel();
     let q = SliceQuery {
         after,
         kind,
+        max_rows,
         filter: Arc::clone(filter),
         reply,
     };
@@ -367,7 +391,15 @@ impl SessionLookup {
                     return page;
                 }
                 slices += 1;
-                match ask(tx, after.clone(), SliceKind::Rows, &filter).await {
+                match ask(
+                    tx,
+                    after.clone(),
+                    SliceKind::Rows,
+                    limit - page.rows.len(),
+                    &filter,
+                )
+                .await
+                {
                     Ok(slice) => {
                         for row in slice.rows {
                             let tier = tier_of(row.key.tenant());
@@ -404,6 +436,7 @@ impl SessionLookup {
     pub async fn pending_summary(&self, filter: SessionFilter) -> Summary {
         let filter = Arc::new(filter);
         let mut summary = Summary::default();
+        let started = Instant::now();
         for (partition, tx) in self.senders() {
             if filter
                 .partitions
@@ -415,11 +448,11 @@ impl SessionLookup {
             let mut after = None;
             let mut time = None;
             for n in 0.. {
-                if n >= SUMMARY_SLICES {
+                if n >= SUMMARY_SLICES || started.elapsed() >= SUMMARY_TIME {
                     summary.truncated = true;
                     break;
                 }
-                match ask(&tx, after.take(), SliceKind::Counts, &filter).await {
+                match ask(&tx, after.take(), SliceKind::Counts, usize::MAX, &filter).await {
                     Ok(slice) => {
                         time.get_or_insert(slice.partition_time);
                         for (tenant, c) in slice.counts {

@@ -1205,17 +1205,22 @@ impl PartitionStore {
     /// the walk reached the end. Between slices the queue may change (uploads move timers):
     /// a key can be seen twice or not at all across slices, never within one.
     ///
+    /// `f` returns `false` to end the slice early (a time or row budget): the cursor is then
+    /// the timer it was called with.
+    ///
     /// Errors: [`Error::Read`], [`Error::Corrupt`] (reading an evicted key).
     pub fn timer_slice(
         &mut self,
         after: Option<&(Millis, SessionKey)>,
         n: usize,
-        mut f: impl FnMut(Millis, &SessionKey, &SessionState),
+        mut f: impl FnMut(Millis, &SessionKey, &SessionState) -> bool,
     ) -> Result<Option<(Millis, SessionKey)>, Error> {
         let timers = self.state.mem.timers_after(after, n);
         for (due, key) in &timers {
             if let Some(state) = self.session(key)? {
-                f(*due, key, &state);
+                if !f(*due, key, &state) {
+                    return Ok(Some((*due, key.clone())));
+                }
             }
         }
         Ok(if timers.len() >= n.max(1) {
