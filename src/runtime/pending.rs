@@ -189,7 +189,7 @@ pub fn answer_slice(
         SLICE_TIMERS,
         |due, key, state: &SessionState| {
             visited += 1;
-            let go_on = !visited.is_multiple_of(BUDGET_CHECK) || started.elapsed() < SLICE_BUDGET;
+            let go_on = visited % BUDGET_CHECK != 0 || started.elapsed() < SLICE_BUDGET;
             let Some(r) = state.round.as_ref().filter(|r| r.uploads > 0) else {
                 return go_on;
             };
