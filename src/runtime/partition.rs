@@ -68,6 +68,7 @@ use super::catch_up::{self, CatchUpQueue};
 use super::clock::{Clock, PartitionClock};
 use super::lookup::{Query, SessionLookup, SessionQuery, SessionView};
 use super::pacer::CatchUpPacer;
+use super::pending::ListingShare;
 use super::publisher::{self, Fence, PublishTarget, TierRouting};
 use super::status::{PartitionState, PartitionStatus, StatusBoard};
 use super::throttle::LogThrottle;
@@ -319,6 +320,7 @@ pub async fn run<I: PartitionInput, K: Sink, C: Clock>(
         publisher_progress_at: Instant::now(),
         metrics: ctx.metrics.partition(input.topic(), partition),
         queries,
+        listing: ListingShare::new(),
         audit_owed: Vec::new(),
         warn: Warnings::default(),
         profile: TurnProfile::default(),
@@ -411,6 +413,8 @@ struct Task<I, K, C> {
     metrics: PartitionMetrics,
     /// Session queries of the admin endpoint.
     queries: mpsc::Receiver<Query>,
+    /// Listing slices' share of the task's time (`pending::LISTING_SHARE_PERCENT`).
+    listing: ListingShare,
     /// Audit records of actions applied since the last flush: published once it is durable.
     audit_owed: Vec<AuditRecord>,
     warn: Warnings,
@@ -658,9 +662,16 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
         self.status.partition
     }
 
+    /// Answers `q`; a listing slice only when its turn comes (`listing`).
     fn answer(&mut self, q: Query) {
         let now = self.clock.now();
-        answer(&mut self.store, self.driver.engine(), &self.status, now, q);
+        let (store, engine, status) = (&mut self.store, self.driver.engine(), &self.status);
+        match q {
+            Query::Pending(q) => self.listing.offer(q, |q| {
+                super::pending::answer_slice(store, engine, status.partition, now, q)
+            }),
+            q => answer(store, engine, status, now, q),
+        }
     }
 
     async fn run(&mut self, cancel: &CancellationToken) -> Result<(), String> {
@@ -689,9 +700,17 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
             // After the emissions of the last flush were handed out: eviction is not on
             // their way (a share of a sweep per turn; `PartitionStore::evict`).
             self.store.evict();
-            // One query (a bounded slice, `pending::SLICE_BUDGET`) per loop turn: a listing
-            // chained slice after slice never holds the input between two polls for longer.
-            if let Ok(q) = self.queries.try_recv() {
+            // One query per loop turn. A listing slice is bounded (`pending::SLICE_BUDGET`)
+            // and takes its turn by the listing's share of the task's time
+            // (`pending::LISTING_SHARE_PERCENT`): a listing chained slice after slice holds
+            // neither the input between two polls nor the loop's time.
+            if self.listing.waiting() {
+                let now = self.clock.now();
+                let (store, engine, status) = (&mut self.store, self.driver.engine(), &self.status);
+                self.listing.run_due(|q| {
+                    super::pending::answer_slice(store, engine, status.partition, now, q)
+                });
+            } else if let Ok(q) = self.queries.try_recv() {
                 self.answer(q);
             }
             if cancel.is_cancelled() {
@@ -726,8 +745,22 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
                             biased;
                             () = cancel.cancelled() => return Ok(()),
                             r = &mut poll => break r,
-                            Some(q) = self.queries.recv() => {
-                                answer(&mut self.store, self.driver.engine(), &self.status, self.clock.now(), q);
+                            Some(q) = self.queries.recv(), if !self.listing.waiting() => {
+                                let now = self.clock.now();
+                                let (store, engine, status) = (&mut self.store, self.driver.engine(), &self.status);
+                                match q {
+                                    Query::Pending(q) => self.listing.offer(q, |q| {
+                                        super::pending::answer_slice(store, engine, status.partition, now, q)
+                                    }),
+                                    q => answer(store, engine, status, now, q),
+                                }
+                            }
+                            () = tokio::time::sleep_until(Instant::from_std(self.listing.free_at())), if self.listing.waiting() => {
+                                let now = self.clock.now();
+                                let (store, engine, status) = (&mut self.store, self.driver.engine(), &self.status);
+                                self.listing.run_due(|q| {
+                                    super::pending::answer_slice(store, engine, status.partition, now, q)
+                                });
                             }
                         }
                     }

@@ -31,8 +31,86 @@ pub const SLICE_TIMERS: usize = 4096;
 /// it. The asker chains slices until its page is full.
 pub const SLICE_BUDGET: Duration = Duration::from_millis(2);
 
-/// Timers visited between two looks at the clock in a slice.
+/// Timers visited between two looks at the clock in a slice (a look costs ~20 ns; an evicted
+/// key's read ~2 µs since the block cache keeps index and filter blocks, `store::options`).
 const BUDGET_CHECK: usize = 32;
+
+/// Share of a partition task's wall time that listing slices may take (percent): after a
+/// slice that held the task for `d`, the next slice waits `d * (100 - share) / share`. With
+/// 1 M pending rounds and 50 000 uploads/s a partition task has no idle time, and one slice
+/// per loop turn took most of it (lateness p99 1.1 s; BENCHMARKS "Listing 1 M pending
+/// rounds"). At 10 % the pipeline bench's p99 was 15-29 ms (load 4-5), at 5 % 6-8 ms (load
+/// 1-2), against 7-8 ms without a listing. A listing is slower for it; emissions are not.
+pub const LISTING_SHARE_PERCENT: u32 = 5;
+
+/// Turns a partition task's listing slices into at most [`LISTING_SHARE_PERCENT`] of its
+/// time: a slice asked for before its turn is kept (one at a time; the asker waits for its
+/// answer) and answered when the turn comes.
+#[derive(Debug)]
+pub(crate) struct ListingShare {
+    /// No slice is answered before this.
+    free_at: Instant,
+    /// The slice waiting for its turn.
+    deferred: Option<SliceQuery>,
+}
+
+impl ListingShare {
+    pub(crate) fn new() -> Self {
+        ListingShare {
+            free_at: Instant::now(),
+            deferred: None,
+        }
+    }
+
+    /// A slice waits for its turn (take no other query before it is answered).
+    pub(crate) fn waiting(&self) -> bool {
+        self.deferred.is_some()
+    }
+
+    /// When the waiting slice's turn comes.
+    pub(crate) fn free_at(&self) -> Instant {
+        self.free_at
+    }
+
+    /// Answers `q` with `answer` now if its turn has come, else keeps it for
+    /// [`ListingShare::run_due`] (a slice already waiting is answered first).
+    pub(crate) fn offer(&mut self, q: SliceQuery, answer: impl FnOnce(SliceQuery)) {
+        if self.deferred.is_some() || Instant::now() < self.free_at {
+            // One slice waits at a time: the loop stops taking queries while one does.
+            debug_assert!(
+                self.deferred.is_none(),
+                "a second slice offered while one waits"
+            );
+            self.deferred = Some(q);
+            return;
+        }
+        self.timed(q, answer);
+    }
+
+    /// Answers the waiting slice with `answer` if its turn has come.
+    pub(crate) fn run_due(&mut self, answer: impl FnOnce(SliceQuery)) {
+        if Instant::now() < self.free_at {
+            return;
+        }
+        if let Some(q) = self.deferred.take() {
+            self.timed(q, answer);
+        }
+    }
+
+    fn timed(&mut self, q: SliceQuery, answer: impl FnOnce(SliceQuery)) {
+        let started = Instant::now();
+        answer(q);
+        let ended = Instant::now();
+        self.spent(started, ended);
+    }
+
+    /// Records a slice that held the task from `started` to `ended`.
+    fn spent(&mut self, started: Instant, ended: Instant) {
+        let share = LISTING_SHARE_PERCENT.clamp(1, 100);
+        let held = ended.saturating_duration_since(started);
+        self.free_at = ended + held * (100 - share) / share;
+    }
+}
 
 /// Slices one listing page may ask for in all before it returns what it has with a cursor
 /// (bounds a request with a selective filter over many rounds: 256 slices, at most ~1 M
@@ -514,5 +592,61 @@ mod tests {
         assert_eq!(due_bucket(now + 10_000, now), 2);
         assert_eq!(due_bucket(now + 599_999, now), 3);
         assert_eq!(due_bucket(now + 600_000, now), 4);
+    }
+
+    fn slice_query() -> (SliceQuery, oneshot::Receiver<Result<Slice, String>>) {
+        let (reply, rx) = oneshot::channel();
+        let q = SliceQuery {
+            after: None,
+            kind: SliceKind::Rows,
+            max_rows: 10,
+            filter: Arc::new(SessionFilter::default()),
+            reply,
+        };
+        (q, rx)
+    }
+
+    #[test]
+    fn a_slice_holds_back_the_next_so_listing_keeps_to_its_share() {
+        let mut share = ListingShare::new();
+        let t0 = Instant::now();
+        share.spent(t0, t0 + Duration::from_millis(2));
+        // 2 ms of listing in every 2 ms * 100 / share.
+        let period = Duration::from_millis(2) * 100 / LISTING_SHARE_PERCENT;
+        assert_eq!(share.free_at(), t0 + period);
+        assert!(
+            period >= Duration::from_millis(20),
+            "a share of at most 10 %"
+        );
+    }
+
+    #[test]
+    fn a_slice_offered_before_its_turn_waits_and_is_answered_once_when_due() {
+        let mut share = ListingShare::new();
+        let mut answered = 0;
+        let (q, _rx) = slice_query();
+        share.offer(q, |_| {
+            answered += 1;
+            std::thread::sleep(Duration::from_millis(5));
+        });
+        assert_eq!(answered, 1, "the first slice is answered at once");
+        assert!(!share.waiting());
+        let (q, _rx2) = slice_query();
+        share.offer(q, |_| answered += 1);
+        assert_eq!(
+            answered, 1,
+            "the second comes before its turn (>= 45 ms later at a 10 % share)"
+        );
+        assert!(share.waiting());
+        share.run_due(|_| answered += 1);
+        assert_eq!(answered, 1, "still before its turn");
+        while Instant::now() < share.free_at() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        share.run_due(|_| answered += 1);
+        assert_eq!(answered, 2);
+        assert!(!share.waiting());
+        share.run_due(|_| answered += 1);
+        assert_eq!(answered, 2, "nothing is answered twice");
     }
 }

@@ -13,7 +13,7 @@
 use super::keys::{CF_META, CF_OUTBOX, CF_SESSIONS, CF_TENANTS, COLUMN_FAMILIES};
 use super::mem::CacheBudget;
 use rocksdb::{
-    BlockBasedOptions, Cache, ColumnFamilyDescriptor, DBCompressionType, Options,
+    BlockBasedOptions, Cache, ColumnFamilyDescriptor, DBCompressionType, LruCacheOptions, Options,
     WriteBufferManager, WriteOptions,
 };
 
@@ -75,7 +75,7 @@ impl MemoryBudget {
     pub fn new(options: &StoreOptions) -> Self {
         fix_malloc_mmap_threshold();
         MemoryBudget {
-            cache: Cache::new_lru_cache(options.block_cache_bytes),
+            cache: block_cache(options.block_cache_bytes),
             write_buffers: WriteBufferManager::new_write_buffer_manager(
                 options.memtable_budget_bytes,
                 true,
@@ -111,6 +111,33 @@ impl std::fmt::Debug for MemoryBudget {
             )
             .finish()
     }
+}
+
+/// Smallest shard of the block cache (bytes): RocksDB's LRU cache is split into shards by
+/// key hash, and a block bigger than its shard's capacity is read but not kept. RocksDB's
+/// automatic choice gives a 32 MiB cache 64 shards of 512 KiB, smaller than the filter
+/// block (10 bits a key: 1.2 MiB for a million sessions) and the index block of one SST of
+/// the `sessions` family, so every read of an evicted session read, checksummed and
+/// decompressed both again: ~185 µs a read with 1 M pending rounds (BENCHMARKS, "Listing 1 M
+/// pending rounds").
+pub(crate) const MIN_CACHE_SHARD_BYTES: usize = 8 * MIB;
+
+/// Shard bits of a block cache of `capacity` bytes: as many shards (at most 64) as leave
+/// each at least [`MIN_CACHE_SHARD_BYTES`].
+pub(crate) fn cache_shard_bits(capacity: usize) -> i32 {
+    let mut bits = 0;
+    while bits < 6 && capacity >> (bits + 1) >= MIN_CACHE_SHARD_BYTES {
+        bits += 1;
+    }
+    bits
+}
+
+/// The LRU block cache of `capacity` bytes, sharded by [`cache_shard_bits`].
+fn block_cache(capacity: usize) -> Cache {
+    let mut o = LruCacheOptions::default();
+    o.set_capacity(capacity);
+    o.set_num_shard_bits(cache_shard_bits(capacity));
+    Cache::new_lru_cache_opts(&o)
 }
 
 /// The mmap threshold [`fix_malloc_mmap_threshold`] sets (bytes): blocks this big or bigger
@@ -205,4 +232,22 @@ pub(crate) fn write_options(options: &StoreOptions) -> WriteOptions {
     w.disable_wal(!options.wal);
     w.set_sync(options.wal && options.sync);
     w
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_shards_are_never_smaller_than_the_minimum_unless_the_cache_is() {
+        assert_eq!(cache_shard_bits(MIB), 0);
+        assert_eq!(cache_shard_bits(8 * MIB), 0);
+        assert_eq!(cache_shard_bits(16 * MIB), 1);
+        assert_eq!(cache_shard_bits(32 * MIB), 2);
+        assert_eq!(cache_shard_bits(33 * MIB), 2);
+        assert_eq!(cache_shard_bits(1 << 40), 6);
+        for capacity in [8 * MIB, 32 * MIB, 100 * MIB, 512 * MIB] {
+            assert!(capacity >> cache_shard_bits(capacity) >= MIN_CACHE_SHARD_BYTES);
+        }
+    }
 }

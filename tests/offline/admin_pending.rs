@@ -78,7 +78,7 @@ async fn listed_page_by_page(evicted: bool) {
         let runtime = Runtime::new(
             Engine::new(table.clone()),
             broker.sink(),
-            clock.clone(),
+            clock,
             opts.clone(),
         )
         .unwrap();
