@@ -511,21 +511,33 @@ struct Warnings {
     commit: LogThrottle,
 }
 
-/// Answers one query from `store` (between store batches; `now`: the partition time, ms).
+/// Answers one query from `store` (between store batches; `now`: the partition time, ms); a
+/// listing slice only when its turn comes (`listing`, `pending::LISTING_SHARE_PERCENT`).
 fn answer(
     store: &mut PartitionStore,
     engine: &Engine,
     status: &PartitionStatus,
     now: Millis,
+    listing: &mut ListingShare,
     q: Query,
 ) {
-    let q = match q {
-        Query::Session(q) => q,
-        Query::Pending(q) => {
-            return super::pending::answer_slice(store, engine, status.partition, now, q)
-        }
-    };
-    answer_session(store, engine, status, q);
+    match q {
+        Query::Pending(q) => listing.offer(q, |q| {
+            super::pending::answer_slice(store, engine, status.partition, now, q)
+        }),
+        Query::Session(q) => answer_session(store, engine, status, q),
+    }
+}
+
+/// Answers the listing slice waiting in `listing` if its turn has come.
+fn answer_due_slice(
+    store: &mut PartitionStore,
+    engine: &Engine,
+    status: &PartitionStatus,
+    now: Millis,
+    listing: &mut ListingShare,
+) {
+    listing.run_due(|q| super::pending::answer_slice(store, engine, status.partition, now, q));
 }
 
 /// Answers one session query from `store` (read-only).
@@ -665,13 +677,28 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
     /// Answers `q`; a listing slice only when its turn comes (`listing`).
     fn answer(&mut self, q: Query) {
         let now = self.clock.now();
-        let (store, engine, status) = (&mut self.store, self.driver.engine(), &self.status);
-        match q {
-            Query::Pending(q) => self.listing.offer(q, |q| {
-                super::pending::answer_slice(store, engine, status.partition, now, q)
-            }),
-            q => answer(store, engine, status, now, q),
-        }
+        let engine = self.driver.engine();
+        answer(
+            &mut self.store,
+            engine,
+            &self.status,
+            now,
+            &mut self.listing,
+            q,
+        );
+    }
+
+    /// Answers the waiting listing slice if its turn has come.
+    fn answer_due_slice(&mut self) {
+        let now = self.clock.now();
+        let engine = self.driver.engine();
+        answer_due_slice(
+            &mut self.store,
+            engine,
+            &self.status,
+            now,
+            &mut self.listing,
+        );
     }
 
     async fn run(&mut self, cancel: &CancellationToken) -> Result<(), String> {
@@ -705,11 +732,7 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
             // (`pending::LISTING_SHARE_PERCENT`): a listing chained slice after slice holds
             // neither the input between two polls nor the loop's time.
             if self.listing.waiting() {
-                let now = self.clock.now();
-                let (store, engine, status) = (&mut self.store, self.driver.engine(), &self.status);
-                self.listing.run_due(|q| {
-                    super::pending::answer_slice(store, engine, status.partition, now, q)
-                });
+                self.answer_due_slice();
             } else if let Ok(q) = self.queries.try_recv() {
                 self.answer(q);
             }
@@ -746,21 +769,10 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
                             () = cancel.cancelled() => return Ok(()),
                             r = &mut poll => break r,
                             Some(q) = self.queries.recv(), if !self.listing.waiting() => {
-                                let now = self.clock.now();
-                                let (store, engine, status) = (&mut self.store, self.driver.engine(), &self.status);
-                                match q {
-                                    Query::Pending(q) => self.listing.offer(q, |q| {
-                                        super::pending::answer_slice(store, engine, status.partition, now, q)
-                                    }),
-                                    q => answer(store, engine, status, now, q),
-                                }
+                                answer(&mut self.store, self.driver.engine(), &self.status, self.clock.now(), &mut self.listing, q);
                             }
                             () = tokio::time::sleep_until(Instant::from_std(self.listing.free_at())), if self.listing.waiting() => {
-                                let now = self.clock.now();
-                                let (store, engine, status) = (&mut self.store, self.driver.engine(), &self.status);
-                                self.listing.run_due(|q| {
-                                    super::pending::answer_slice(store, engine, status.partition, now, q)
-                                });
+                                answer_due_slice(&mut self.store, self.driver.engine(), &self.status, self.clock.now(), &mut self.listing);
                             }
                         }
                     }
