@@ -832,6 +832,7 @@ mod tests {
             policy: PolicyName::Fixed,
             last_event_id: None,
             attributes: None,
+            event_ids: None,
         };
         publisher.published("limited", &e, 3_500);
         publisher.publish_failed("normal");

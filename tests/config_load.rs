@@ -111,12 +111,12 @@ fn shipped_file_documents_every_key_with_its_env_var() {
             keys += 1;
         }
     }
-    // transport 1, debounce 6 (max-wait unset), store 4, runtime 4, admin 4 (tokens and
+    // transport 1, debounce 7 (max-wait unset), store 4, runtime 4, admin 4 (tokens and
     // TLS files unset), kafka 6 (changelog-topic and tier-counts-topic unset), nats 17 (auth
     // and TLS files unset; changelog-stream, changelog-subject-prefix, tier-counts-bucket,
     // overrides-bucket unset: derived; heartbeat-interval), tiers 6 (demote-to unset;
     // share-interval), 2 tiers × 2.
-    assert_eq!(keys, 52);
+    assert_eq!(keys, 53);
     assert!(text.contains("SETTLE_DEBOUNCE__MAX_WAIT"));
     assert!(text.contains("SETTLE_TIERS__DEMOTE_TO"));
     assert!(text.contains("SETTLE_KAFKA__CHANGELOG_TOPIC"));
@@ -185,7 +185,11 @@ fn env_sets_nested_and_tenant_keys() {
         jail.set_env("SETTLE_DEBOUNCE__MIN_DELAY", "2s");
         jail.set_env("SETTLE_DEBOUNCE__TENANTS__ACME__POLICY", "leading-trailing");
         jail.set_env("SETTLE_DEBOUNCE__TENANTS__ACME__MAX_WAIT", "off");
+        jail.set_env("SETTLE_DEBOUNCE__EVENT_IDS", "64");
+        jail.set_env("SETTLE_DEBOUNCE__TENANTS__ACME__EVENT_IDS", "0");
         let c = Config::load(None).map_err(|e| e.to_string())?;
+        assert_eq!(c.policy_table().default.event_ids, 64);
+        assert_eq!(c.policy_table().for_tenant("acme").event_ids, 0);
         assert_eq!(c.debounce.min_delay, Duration::from_secs(2));
         let t = c.policy_table();
         assert_eq!(t.default.min_delay, 2_000);

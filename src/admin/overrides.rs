@@ -10,9 +10,9 @@
 //! | field | meaning |
 //! |---|---|
 //! | `version` | required: the version last seen (`GET /v1/overrides` or the tenant view), 0 for a tenant without an override in force; another one is refused with 409 and the current override |
-//! | `debounce` | policy and parameters as `[debounce.tenants.NAME]`: `policy`, `delay`, `min-delay`, `max-delay`, `max-wait` (`"off"`: none), `state-ttl`, `learn-initial-delay`; durations as in the config (`"2m"`); keys not set are inherited from the config's rule of the tenant; checked by the config's rules (400 naming the key, e.g. `debounce.max-delay`) |
+//! | `debounce` | policy and parameters as `[debounce.tenants.NAME]`: `policy`, `delay`, `min-delay`, `max-delay`, `max-wait` (`"off"`: none), `state-ttl`, `learn-initial-delay`, `event-ids`; durations as in the config (`"2m"`); keys not set are inherited from the config's rule of the tenant; checked by the config's rules (400 naming the key, e.g. `debounce.max-delay`) |
 //! | `tier` | pin the tenant to this tier (automatic demotion and recovery hold while it lasts) |
-//! | `event_ids` | event ids kept per round (stored, not applied yet) |
+//! | `event_ids` | how many event ids the tenant's ready records list (`event-ids`, SEMANTICS §2; 0 to 100 000), over the config's and over `debounce."event-ids"` |
 //! | `reason` | why (≤ 1024 bytes), for the audit topic |
 //! | `expires_at` / `expires_in` | when it ends: RFC 3339 or epoch ms / a duration (`"2h"`); none: until removed |
 //! | `request_id` | id of the request in the audit (generated when absent) |
@@ -104,7 +104,7 @@ pub(super) fn tenant_rules(s: &AdminState, tenant: &str, now: Millis) -> Value {
     let baseline = s.overrides.baseline();
     let configured = baseline.for_tenant(tenant);
     let in_force = s.overrides.rules_in_force().for_tenant(tenant).clone();
-    let rule_wins = active.is_some_and(|o| !o.debounce.is_empty());
+    let rule_wins = active.is_some_and(|o| o.sets_rule());
     let router = s.router.lock();
     let pinned = router.pinned(tenant);
     json!({

@@ -125,6 +125,8 @@ fn session_json(key: &SessionKey, v: &SessionView) -> Value {
             "last_upload_at": r.last_upload_at.map(rfc3339),
             "last_event_id": r.last_event_id,
             "parts": r.parts,
+            "event_ids": r.event_ids.as_ref().map(|ids| ids.iter().collect::<Vec<_>>()),
+            "event_ids_dropped": r.event_ids.as_ref().map(|ids| ids.dropped()),
         })),
         "next_due": rfc3339(v.next_due),
         "next_due_is": if st.round.is_some() { "round_due" } else { "state_expiry" },

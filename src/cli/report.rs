@@ -251,6 +251,7 @@ mod tests {
             policy: PolicyName::Fixed,
             last_event_id: None,
             attributes: None,
+            event_ids: None,
         }
     }
 

@@ -25,7 +25,7 @@
 
 pub mod action;
 
-use crate::engine::{Emission, Millis, Part, PolicyName, SessionKey, Trigger, Upload};
+use crate::engine::{Emission, EventIds, Millis, Part, PolicyName, SessionKey, Trigger, Upload};
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
@@ -1028,7 +1028,8 @@ impl<'de> Deserialize<'de> for CowStr<'de> {
 
 /// The "session ready" output record (SEMANTICS §2), exactly its fields, in wire order.
 /// Instants are `Millis` here and RFC 3339 UTC strings with milliseconds on the wire.
-/// `last_event_id` and `attributes` are omitted from the JSON when `None`.
+/// `last_event_id`, `attributes`, `event_ids` and `event_ids_dropped` are omitted from the
+/// JSON when `None` (the last two come together, only when the round's rule keeps event ids).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReadyRecord {
@@ -1069,6 +1070,14 @@ pub struct ReadyRecord {
     /// `attributes` of the last coalesced upload: JSON object text, embedded as an object.
     #[serde(default, skip_serializing_if = "Option::is_none", with = "raw_json")]
     pub attributes: Option<String>,
+    /// `event_ids`: the `event_id`s of the round's uploads in the order applied, the first
+    /// `event-ids = N` of them (SEMANTICS §2); only when the round's rule keeps event ids.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_ids: Option<Vec<String>>,
+    /// `event_ids_dropped`: how many more ids the round had than `event_ids` lists; present
+    /// exactly when `event_ids` is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_ids_dropped: Option<u32>,
 }
 
 impl ReadyRecord {
@@ -1094,6 +1103,11 @@ impl ReadyRecord {
             tier: tier.to_owned(),
             last_event_id: em.last_event_id.clone(),
             attributes: em.attributes.clone().filter(|t| json_object(t).is_some()),
+            event_ids: em
+                .event_ids
+                .as_ref()
+                .map(|ids| ids.iter().map(str::to_owned).collect()),
+            event_ids_dropped: em.event_ids.as_ref().map(|ids| ids.dropped()),
         }
     }
 
@@ -1135,6 +1149,15 @@ impl ReadyRecord {
             policy: self.policy,
             last_event_id: self.last_event_id.clone(),
             attributes: self.attributes.clone(),
+            event_ids: self.event_ids.as_ref().map(|listed| {
+                let mut ids = EventIds::default();
+                let cap = u32::try_from(listed.len()).unwrap_or(u32::MAX);
+                for id in listed {
+                    ids.push(id, cap);
+                }
+                ids.add_dropped(self.event_ids_dropped.unwrap_or(0));
+                Box::new(ids)
+            }),
         }
     }
 }
@@ -1213,6 +1236,17 @@ pub fn encode_ready_into(em: &Emission, emitted_at: Millis, tier: &str, out: &mu
         out.extend_from_slice(br#","attributes":"#);
         out.extend_from_slice(raw.get().as_bytes());
     }
+    if let Some(ids) = &em.event_ids {
+        out.extend_from_slice(br#","event_ids":["#);
+        for (i, id) in ids.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            push_json_str(out, id);
+        }
+        out.extend_from_slice(br#"],"event_ids_dropped":"#);
+        out.extend_from_slice(n.format(ids.dropped()).as_bytes());
+    }
     out.push(b'}');
 }
 
@@ -1231,8 +1265,9 @@ fn push_json_str(out: &mut Vec<u8>, s: &str) {
 }
 
 /// Decodes an output record (for tests and tools). Strict: unknown fields, missing required
-/// fields, timestamps that are not RFC 3339 strings and an `emission_id` other than
-/// `tenant/session/state_created_at/generation` are errors.
+/// fields, timestamps that are not RFC 3339 strings, an `emission_id` other than
+/// `tenant/session/state_created_at/generation`, and `event_ids` without
+/// `event_ids_dropped` (or the reverse) are errors.
 pub fn decode_ready(bytes: &[u8]) -> Result<ReadyRecord, serde_json::Error> {
     let record: ReadyRecord = serde_json::from_slice(bytes)?;
     if record.state_created_at().is_none() {
@@ -1240,6 +1275,11 @@ pub fn decode_ready(bytes: &[u8]) -> Result<ReadyRecord, serde_json::Error> {
             "emission_id {:?} is not tenant/session/state_created_at/generation",
             record.emission_id
         )));
+    }
+    if record.event_ids.is_some() != record.event_ids_dropped.is_some() {
+        return Err(de::Error::custom(
+            "event_ids and event_ids_dropped come together",
+        ));
     }
     Ok(record)
 }
@@ -2286,7 +2326,74 @@ mod tests {
             policy: PolicyName::LeadingTrailing,
             last_event_id: Some("e-17".into()),
             attributes: Some(r#"{"branch":"main","n":[1,{"x":null}]}"#.into()),
+            event_ids: None,
         }
+    }
+
+    /// Event ids as the engine keeps them: `listed` listed (cap = their number), `dropped`
+    /// more.
+    fn event_ids(listed: &[&str], dropped: u32) -> Option<Box<EventIds>> {
+        let mut ids = EventIds::default();
+        for id in listed {
+            ids.push(id, listed.len() as u32);
+        }
+        ids.add_dropped(dropped);
+        Some(Box::new(ids))
+    }
+
+    /// A round whose rule keeps no event ids gives exactly the bytes settle wrote before
+    /// `event-ids` existed (SEMANTICS §2: the fields only when the rule keeps ids).
+    #[test]
+    fn ready_record_without_event_ids_is_todays_bytes() {
+        let bytes = encode_ready(&emission(), 1_796_009_697_200, "normal");
+        assert_eq!(
+            String::from_utf8(bytes).unwrap(),
+            concat!(
+                r#"{"tenant":"acme","session":"run/42","emission_id":"acme/run/42/1796008000000/3","#,
+                r#""generation":3,"trigger":"max_wait","uploads":17,"#,
+                r#""first_upload_at":"2026-11-30T03:23:20.000Z","last_upload_at":"2026-11-30T03:34:47.123Z","#,
+                r#""due_at":"2026-11-30T03:34:57.123Z","emitted_at":"2026-11-30T03:34:57.200Z","#,
+                r#""delay_ms":10000,"policy":"leading-trailing","tier":"normal","last_event_id":"e-17","#,
+                r#""attributes":{"branch":"main","n":[1,{"x":null}]}}"#
+            )
+        );
+    }
+
+    #[test]
+    fn ready_record_lists_event_ids_last() {
+        let em = Emission {
+            event_ids: event_ids(&["e-1", "e-\"e\"", "é"], 14),
+            ..emission()
+        };
+        let bytes = encode_ready(&em, 1_796_009_697_200, "normal");
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        assert!(
+            text.ends_with(
+                r#""attributes":{"branch":"main","n":[1,{"x":null}]},"event_ids":["e-1","e-\"e\"","é"],"event_ids_dropped":14}"#
+            ),
+            "{text}"
+        );
+        let rec = decode_ready(&bytes).unwrap();
+        assert_eq!(
+            rec.event_ids.as_deref(),
+            Some(&["e-1".to_string(), "e-\"e\"".into(), "é".into()][..])
+        );
+        assert_eq!(rec.event_ids_dropped, Some(14));
+        assert_eq!(rec.emission(), em);
+        // A round that keeps ids but had none: both fields, empty.
+        let none = Emission {
+            event_ids: event_ids(&[], 0),
+            ..emission()
+        };
+        let text = String::from_utf8(encode_ready(&none, 0, "normal")).unwrap();
+        assert!(
+            text.ends_with(r#","event_ids":[],"event_ids_dropped":0}"#),
+            "{text}"
+        );
+        assert_eq!(decode_ready(text.as_bytes()).unwrap().emission(), none);
+        // One without the other is not a record settle writes.
+        let half = text.replace(r#","event_ids_dropped":0"#, "");
+        assert!(decode_ready(half.as_bytes()).is_err());
     }
 
     #[test]
@@ -2394,6 +2501,7 @@ mod tests {
             (any::<u64>(), any::<u32>(), any::<i64>(), any::<i64>()),
             (instant.clone(), instant.clone(), instant),
             (0..Trigger::ALL.len(), 0..3_usize, attributes),
+            proptest::option::of((proptest::collection::vec(text, 0..5), any::<u32>())),
         )
             .prop_map(
                 |(
@@ -2401,6 +2509,7 @@ mod tests {
                     (generation, uploads, delay_ms, state_created_at),
                     (first, last, due),
                     (t, p, attributes),
+                    ids,
                 )| Emission {
                     key: SessionKey::new(&tenant, &session),
                     state_created_at,
@@ -2418,6 +2527,10 @@ mod tests {
                     ][p],
                     last_event_id: id,
                     attributes: attributes.map(str::to_owned),
+                    event_ids: ids.and_then(|(listed, dropped)| {
+                        let listed: Vec<&str> = listed.iter().map(String::as_str).collect();
+                        event_ids(&listed, dropped)
+                    }),
                 },
             )
     }

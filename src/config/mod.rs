@@ -24,7 +24,7 @@ pub mod nats;
 pub mod tiers;
 
 use crate::codec::validate_tenant;
-use crate::engine::{Millis, PolicyName, PolicySpec, PolicyTable};
+use crate::engine::{Millis, PolicyName, PolicySpec, PolicyTable, EVENT_IDS_MAX};
 use admin::AdminConfig;
 use figment::providers::{Env, Format, Toml};
 use figment::Figment;
@@ -115,6 +115,10 @@ pub struct DebounceConfig {
     /// `learn-initial-delay` of `adaptive`: a session's first upload starts from its
     /// tenant's learned delay instead of `min-delay` (default false; `engine::learn`).
     pub learn_initial_delay: bool,
+    /// `event-ids`, any policy: the ready record lists the first this many `event_id`s of
+    /// the round's uploads and counts the rest (`event_ids`, `event_ids_dropped`, SEMANTICS
+    /// §2). Ids, 0 to [`EVENT_IDS_MAX`]; 0 (the default) lists none and leaves both fields out.
+    pub event_ids: u32,
     /// `[debounce.tenants.NAME]`: per-tenant overrides, by tenant name (SEMANTICS §2 alphabet).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub tenants: BTreeMap<String, TenantOverride>,
@@ -130,6 +134,7 @@ impl Default for DebounceConfig {
             max_wait: None,
             state_ttl: Duration::from_secs(24 * 60 * 60),
             learn_initial_delay: false,
+            event_ids: 0,
             tenants: BTreeMap::new(),
         }
     }
@@ -181,6 +186,9 @@ pub struct TenantOverride {
     /// `learn-initial-delay`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub learn_initial_delay: Option<bool>,
+    /// `event-ids`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_ids: Option<u32>,
 }
 
 impl TenantOverride {
@@ -485,6 +493,7 @@ impl DebounceConfig {
             max_wait: self.max_wait.map(millis),
             state_ttl: millis(self.state_ttl),
             learn_initial_delay: self.learn_initial_delay,
+            event_ids: self.event_ids,
         }
     }
 
@@ -498,6 +507,7 @@ impl DebounceConfig {
             max_wait: o.max_wait.unwrap_or(self.max_wait),
             state_ttl: o.state_ttl.unwrap_or(self.state_ttl),
             learn_initial_delay: o.learn_initial_delay.unwrap_or(self.learn_initial_delay),
+            event_ids: o.event_ids.unwrap_or(self.event_ids),
             tenants: BTreeMap::new(),
         }
     }
@@ -515,6 +525,7 @@ impl DebounceConfig {
             max_wait: spec.max_wait.map(d),
             state_ttl: d(spec.state_ttl),
             learn_initial_delay: spec.learn_initial_delay,
+            event_ids: spec.event_ids,
             tenants: BTreeMap::new(),
         }
     }
@@ -664,7 +675,7 @@ fn check_spec(section: &str, d: &DebounceConfig, note: &str) -> Result<(), Confi
     d.spec().validate().map_err(|message| {
         let key = message.split_whitespace().next().unwrap_or_default();
         let key = match key {
-            "delay" | "min-delay" | "max-delay" | "max-wait" | "state-ttl" => {
+            "delay" | "min-delay" | "max-delay" | "max-wait" | "state-ttl" | "event-ids" => {
                 format!("{section}.{key}")
             }
             _ => section.to_owned(),
@@ -706,6 +717,7 @@ fn allowed(last: &str) -> Option<&'static str> {
         "idle-tick" => "expected a duration such as \"100ms\", 1ms to 60s",
         "catch-up-rate" => "expected an integer 1 to 1000000 (emissions/s)",
         "batch-size" => "expected an integer 1 to 100000 (uploads)",
+        "event-ids" => "expected an integer 0 to 100000 (event ids listed per ready record)",
         "data-dir" => "expected a directory path (string)",
         "transport" => "expected one of kafka, nats",
         "listen" => "expected an IP address and port such as \"127.0.0.1:9464\"",
@@ -931,6 +943,7 @@ mod tests {
             max_wait: Some(1_800_000),
             state_ttl: 48 * 3_600_000,
             learn_initial_delay: false,
+            event_ids: 0,
         };
         assert_eq!(t.default, base);
         assert_eq!(
@@ -1095,6 +1108,43 @@ mod tests {
             "[debounce]\nlearn-initial-delay = \"yes\"",
             "debounce.learn-initial-delay",
             &["expected true or false"],
+        );
+    }
+
+    #[test]
+    fn event_ids_is_a_count_inherited_by_tenants() {
+        let c = Config::from_toml_str(
+            "[debounce]\nevent-ids = 64\n[debounce.tenants.acme]\ndelay = \"1s\"\n\
+             [debounce.tenants.beta]\nevent-ids = 0\n[debounce.tenants.gamma]\nevent-ids = 100000",
+        )
+        .unwrap();
+        let t = c.policy_table();
+        assert_eq!(t.default.event_ids, 64);
+        assert_eq!(t.for_tenant("acme").event_ids, 64, "inherited");
+        assert_eq!(t.for_tenant("beta").event_ids, 0, "overridden");
+        assert_eq!(t.for_tenant("gamma").event_ids, EVENT_IDS_MAX);
+        assert_eq!(Config::default().policy_table().default.event_ids, 0);
+        assert!(t.default.to_string().ends_with(" event-ids=64"), "{}", t.default);
+        assert!(!t.for_tenant("beta").to_string().contains("event-ids"));
+        assert_err(
+            "[debounce]\nevent-ids = 100001",
+            "debounce.event-ids",
+            &["0 to 100000", "100001"],
+        );
+        assert_err(
+            "[debounce.tenants.acme]\nevent-ids = 200000",
+            "debounce.tenants.acme.event-ids",
+            &["0 to 100000"],
+        );
+        assert_err(
+            "[debounce]\nevent-ids = -1",
+            "debounce.event-ids",
+            &["expected an integer 0 to 100000"],
+        );
+        assert_err(
+            "[debounce]\nevent-ids = \"64\"",
+            "debounce.event-ids",
+            &["expected an integer 0 to 100000"],
         );
     }
 

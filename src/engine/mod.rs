@@ -34,8 +34,10 @@ pub use learn::{LearnSummary, TenantAges, TenantStats, MAX_LEARNED_TENANTS};
 pub use partition::{Driver, DriverStats, MemTable, SessionTable};
 pub use policy::{PolicySpec, PolicyTable, DEFAULT_STATE_TTL_MS};
 pub use timers::TimerQueue;
+pub use policy::EVENT_IDS_MAX;
 pub use types::{
-    CallTrack, Emission, Millis, Part, PolicyName, Round, SessionKey, SessionState, Trigger, Upload,
+    CallTrack, Emission, EventIds, Millis, Part, PolicyName, Round, SessionKey, SessionState,
+    Trigger, Upload,
 };
 
 /// An operator action on one session's open round ([`Engine::act`], SEMANTICS §7).
@@ -152,7 +154,12 @@ impl Engine {
             Some(s) if upload.event_time < s.last_upload_at => {
                 s.last_applied_event_id.clone_from(&upload.event_id);
                 match &mut s.round {
-                    Some(r) => r.uploads += 1,
+                    Some(r) => {
+                        // Counted in the round, so listed among its ids too (SEMANTICS §2:
+                        // the ids of the round's uploads in the order applied).
+                        r.uploads += 1;
+                        list_event_id(spec, r, upload);
+                    }
                     None => {
                         let at = s.last_upload_at;
                         apply_on_time(spec, key, s, upload, at, initial_delay, out);
@@ -229,10 +236,10 @@ impl Engine {
             .map(|r| r.uploads)
             .filter(|&n| n > 0);
         if let (Some(_), false, Some(s)) = (uploads, action.dry_run, state.as_mut()) {
-            if let Some(round) = s.round.take() {
+            if let Some(mut round) = s.round.take() {
                 if action.flush {
                     let spec = self.spec_for(key);
-                    out.push(emission(spec, key, s, &round, Trigger::Manual, now));
+                    out.push(emission(spec, key, s, &mut round, Trigger::Manual, now));
                 }
             }
         }
@@ -267,34 +274,23 @@ impl Engine {
                 Some(m) if m < round.deadline => {
                     // max-wait reached first. A round with no upload yet only moves its start.
                     if round.uploads > 0 {
-                        out.push(emission(spec, key, s, &round, Trigger::MaxWait, m));
+                        out.push(emission(spec, key, s, &mut round, Trigger::MaxWait, m));
                         round.parts.clear();
                     }
                     // The continuation opens now, under the rule in force now (SEMANTICS §7):
-                    // without a max-wait it has none and ends at its debounce deadline.
-                    s.round = Some(Box::new(Round {
-                        start: m,
-                        max_wait_at: spec.max_wait.map(|w| m + w.max(1)),
-                        policy: Some(spec.name),
-                        uploads: 0,
-                        first_upload_at: None,
-                        last_upload_at: None,
-                        last_event_id: None,
-                        attributes: None,
-                        ..*round
-                    }));
+                    // without a max-wait it has none and ends at its debounce deadline. It
+                    // keeps the debounce deadline and delay (and the box).
+                    round.start = m;
+                    round.max_wait_at = spec.max_wait.map(|w| m + w.max(1));
+                    round.policy = Some(spec.name);
+                    empty_round(spec, &mut round);
+                    s.round = Some(round);
                 }
                 _ => {
                     // Debounce deadline: trailing if the round has uploads, else it ends silently.
                     if round.uploads > 0 {
-                        out.push(emission(
-                            spec,
-                            key,
-                            s,
-                            &round,
-                            Trigger::Trailing,
-                            round.deadline,
-                        ));
+                        let due_at = round.deadline;
+                        out.push(emission(spec, key, s, &mut round, Trigger::Trailing, due_at));
                     }
                 }
             }
@@ -346,9 +342,11 @@ fn apply_on_time(
             attributes: None,
             parts: Vec::new(),
             policy: Some(spec.name),
+            event_ids: kept_event_ids(spec),
         })
     });
     round.uploads += 1;
+    list_event_id(spec, round, upload);
     round.first_upload_at.get_or_insert(at);
     round.last_upload_at = Some(at);
     // The rule in force now times the round from this upload on (SEMANTICS §7): its
@@ -387,31 +385,54 @@ fn apply_on_time(
     let Some(trigger) = trigger else {
         return interval;
     };
-    let Some(round) = s.round.take() else {
+    let Some(mut round) = s.round.take() else {
         return interval;
     };
-    out.push(emission(spec, key, s, &round, trigger, at));
+    out.push(emission(spec, key, s, &mut round, trigger, at));
     if trigger == Trigger::Leading {
         // SEMANTICS §4 v2: the round stays open after its leading emission; it ends with a
         // trailing emission only if another upload arrives before the deadline.
-        s.round = Some(Box::new(Round {
-            uploads: 0,
-            first_upload_at: None,
-            last_upload_at: None,
-            last_event_id: None,
-            attributes: None,
-            ..*round
-        }));
+        empty_round(spec, &mut round);
+        s.round = Some(round);
     }
     interval
 }
 
-/// Builds the emission closing (part of) `round` and bumps the key's generation.
+/// `round` after an emission that leaves the key's round open (`leading`, `max_wait`):
+/// no upload yet, and a new list of event ids if the rule in force keeps them.
+fn empty_round(spec: &PolicySpec, round: &mut Round) {
+    round.uploads = 0;
+    round.first_upload_at = None;
+    round.last_upload_at = None;
+    round.last_event_id = None;
+    round.attributes = None;
+    round.event_ids = kept_event_ids(spec);
+}
+
+/// The event ids a round opened under `spec` keeps: an empty list when its rule has
+/// `event-ids > 0`, none otherwise (SEMANTICS §2 `event_ids`). A rule in force when the
+/// round opened decides whether it keeps ids at all, so a list is never missing the round's
+/// first uploads; the cap in force at each upload decides whether that id is listed.
+fn kept_event_ids(spec: &PolicySpec) -> Option<Box<EventIds>> {
+    (spec.event_ids > 0).then(Box::default)
+}
+
+/// Lists `upload`'s event id in `round` when the round keeps ids (up to `spec.event_ids`,
+/// the rest counted as dropped). An upload without an id is not listed (SEMANTICS §2).
+fn list_event_id(spec: &PolicySpec, round: &mut Round, upload: &Upload) {
+    if let (Some(ids), Some(id)) = (round.event_ids.as_deref_mut(), upload.event_id.as_deref()) {
+        ids.push(id, spec.event_ids);
+    }
+}
+
+/// Builds the emission closing (part of) `round` and bumps the key's generation. The
+/// round's last event id, attributes and event ids move into the emission (the round is
+/// closed or emptied right after).
 fn emission(
     spec: &PolicySpec,
     key: &SessionKey,
     s: &mut SessionState,
-    round: &Round,
+    round: &mut Round,
     trigger: Trigger,
     due_at: Millis,
 ) -> Emission {
@@ -427,8 +448,9 @@ fn emission(
         due_at,
         delay_ms: round.delay,
         policy: round.policy.unwrap_or(spec.name),
-        last_event_id: round.last_event_id.clone(),
-        attributes: round.attributes.clone(),
+        last_event_id: round.last_event_id.take(),
+        attributes: round.attributes.take(),
+        event_ids: round.event_ids.take(),
     }
 }
 

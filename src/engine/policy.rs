@@ -7,9 +7,14 @@ use std::collections::HashMap;
 /// Default `state-ttl`: 24 h in ms (SEMANTICS §4, adaptive).
 pub const DEFAULT_STATE_TTL_MS: Millis = 24 * 60 * 60 * 1000;
 
+/// Most event ids a round may keep (`event-ids`, SEMANTICS §2): 100 000 ids, a few MB for
+/// one round at most.
+pub const EVENT_IDS_MAX: u32 = 100_000;
+
 /// One policy with its parameters (ms). Invariants (checked by [`PolicySpec::validate`]):
-/// `delay ≥ 1`, `1 ≤ min_delay ≤ max_delay`, `max_wait ≥ 1` when set, `state_ttl ≥ 1`.
-/// `learn_initial_delay` is used by `adaptive` only (other policies ignore it).
+/// `delay ≥ 1`, `1 ≤ min_delay ≤ max_delay`, `max_wait ≥ 1` when set, `state_ttl ≥ 1`,
+/// `event_ids ≤ EVENT_IDS_MAX`. `learn_initial_delay` is used by `adaptive` only (other
+/// policies ignore it).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PolicySpec {
     /// Which policy.
@@ -27,6 +32,10 @@ pub struct PolicySpec {
     /// `learn-initial-delay` of `adaptive`: a key's first upload starts from its tenant's
     /// learned delay instead of `min_delay` (see `engine::learn`).
     pub learn_initial_delay: bool,
+    /// `event-ids`, any policy: how many of a round's upload `event_id`s its emission lists
+    /// (ids; SEMANTICS §2 `event_ids`). 0 (the default): none, and the emission has no
+    /// `event_ids` / `event_ids_dropped` (today's record, byte for byte).
+    pub event_ids: u32,
 }
 
 impl PolicySpec {
@@ -40,6 +49,7 @@ impl PolicySpec {
             max_wait: None,
             state_ttl: DEFAULT_STATE_TTL_MS,
             learn_initial_delay: false,
+            event_ids: 0,
         }
     }
 
@@ -61,6 +71,7 @@ impl PolicySpec {
             max_wait: None,
             state_ttl: DEFAULT_STATE_TTL_MS,
             learn_initial_delay: false,
+            event_ids: 0,
         }
     }
 
@@ -79,6 +90,12 @@ impl PolicySpec {
     /// The same policy with `learn-initial-delay` set to `learn` (effective under `adaptive`).
     pub fn with_learned_initial_delay(mut self, learn: bool) -> Self {
         self.learn_initial_delay = learn;
+        self
+    }
+
+    /// The same policy keeping the first `n` event ids of each round (`event-ids`; 0: none).
+    pub fn with_event_ids(mut self, n: u32) -> Self {
+        self.event_ids = n;
         self
     }
 
@@ -116,6 +133,12 @@ impl PolicySpec {
                 self.state_ttl
             ));
         }
+        if self.event_ids > EVENT_IDS_MAX {
+            return Err(format!(
+                "event-ids must be 0 to {EVENT_IDS_MAX}, got {}",
+                self.event_ids
+            ));
+        }
         Ok(())
     }
 }
@@ -140,7 +163,9 @@ impl PolicySpec {
 
 impl std::fmt::Display for PolicySpec {
     /// One line for logs: `fixed delay=30s max-wait=20s state-ttl=1day`,
-    /// `adaptive min-delay=2s max-delay=10s max-wait=off state-ttl=30s learn-initial-delay`.
+    /// `adaptive min-delay=2s max-delay=10s max-wait=off state-ttl=30s learn-initial-delay
+    /// event-ids=64` (`event-ids` only when not 0, so a rule that keeps none reads, and
+    /// fingerprints, as before it existed).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let d = |ms: Millis| {
             humantime::format_duration(core::time::Duration::from_millis(ms.max(0) as u64))
@@ -164,6 +189,9 @@ impl std::fmt::Display for PolicySpec {
         write!(f, " state-ttl={}", d(self.state_ttl))?;
         if self.learn_initial_delay && self.name == PolicyName::Adaptive {
             f.write_str(" learn-initial-delay")?;
+        }
+        if self.event_ids > 0 {
+            write!(f, " event-ids={}", self.event_ids)?;
         }
         Ok(())
     }

@@ -901,3 +901,241 @@ fn an_action_fires_what_is_due_first_and_leaves_an_empty_continuation_alone() {
     );
     assert_eq!(summary(&out), vec![(1_000, Trigger::MaxWait, 2)]);
 }
+
+// ------------------------------------------------------------------ event ids (SEMANTICS §2)
+
+/// An upload of `key("s")` at `t` with event id `id` (`None`: without one).
+fn with_id(t: Millis, id: Option<&str>) -> Upload {
+    Upload {
+        event_id: id.map(str::to_owned),
+        ..Upload::plain(key("s"), t)
+    }
+}
+
+/// The listed ids and the dropped count of an emission (`None`: the fields are left out).
+fn ids_of(e: &Emission) -> Option<(Vec<&str>, u32)> {
+    e.event_ids
+        .as_ref()
+        .map(|ids| (ids.iter().collect(), ids.dropped()))
+}
+
+#[test]
+fn event_ids_are_listed_in_the_order_applied_up_to_the_cap_then_counted() {
+    let uploads: Vec<Upload> = (1..=5)
+        .map(|i| with_id(i * 100, Some(&format!("e-{i}"))))
+        .collect();
+    let out = run(PolicySpec::fixed(1_000).with_event_ids(3), &uploads);
+    assert_eq!(summary(&out), vec![(1_500, Trigger::Trailing, 5)]);
+    assert_eq!(ids_of(&out[0]), Some((vec!["e-1", "e-2", "e-3"], 2)));
+    // A cap the round does not reach: all listed, none dropped.
+    let out = run(PolicySpec::fixed(1_000).with_event_ids(64), &uploads);
+    assert_eq!(
+        ids_of(&out[0]),
+        Some((vec!["e-1", "e-2", "e-3", "e-4", "e-5"], 0))
+    );
+    // Exactly the cap: nothing dropped.
+    let out = run(PolicySpec::fixed(1_000).with_event_ids(5), &uploads);
+    assert_eq!(ids_of(&out[0]).map(|(l, d)| (l.len(), d)), Some((5, 0)));
+}
+
+#[test]
+fn event_ids_off_keeps_no_ids_anywhere() {
+    // N = 0 (the default): no list in the round, none on the emission (the record is
+    // today's, byte for byte: `tests/offline/event_ids.rs`).
+    let uploads = [with_id(0, Some("a")), with_id(100, Some("b"))];
+    assert_eq!(PolicySpec::fixed(1_000).event_ids, 0);
+    let engine = Engine::new(PolicyTable::uniform(PolicySpec::fixed(1_000)));
+    let (mut st, mut out) = (None, Vec::new());
+    for u in &uploads {
+        engine.on_upload(u.event_time, &mut st, u, &mut out);
+    }
+    assert!(st.as_ref().unwrap().round.as_ref().unwrap().event_ids.is_none());
+    engine.on_time(10_000, &key("s"), &mut st, &mut out);
+    assert_eq!(out.len(), 1);
+    assert_eq!(ids_of(&out[0]), None);
+    assert_eq!(out[0].last_event_id.as_deref(), Some("b"));
+}
+
+#[test]
+fn a_redelivered_upload_is_not_listed_twice_and_uploads_without_an_id_are_not_listed() {
+    let uploads = [
+        with_id(0, Some("a")),
+        with_id(100, Some("a")), // redelivery of the last applied id: ignored
+        with_id(200, None),      // applied, counted in `uploads`, not listed
+        with_id(300, Some("b")),
+        with_id(400, Some("a")), // not the last applied id: a new upload (SEMANTICS §2)
+    ];
+    let out = run(PolicySpec::fixed(1_000).with_event_ids(8), &uploads);
+    assert_eq!(summary(&out), vec![(1_400, Trigger::Trailing, 4)]);
+    assert_eq!(ids_of(&out[0]), Some((vec!["a", "b", "a"], 0)));
+    // Ids of uploads without one are not counted as dropped either.
+    let out = run(PolicySpec::fixed(1_000).with_event_ids(1), &uploads);
+    assert_eq!(ids_of(&out[0]), Some((vec!["a"], 2)));
+    // A round whose uploads carry no id still says it keeps ids: an empty list.
+    let out = run(
+        PolicySpec::fixed(1_000).with_event_ids(1),
+        &[with_id(0, None)],
+    );
+    assert_eq!(ids_of(&out[0]), Some((vec![], 0)));
+}
+
+#[test]
+fn a_late_upload_counted_in_the_round_is_listed_in_the_order_applied() {
+    // SEMANTICS §3: the late upload (50 < 100) counts in the open round's uploads; its id is
+    // one of the round's, listed where it was applied.
+    let uploads = [with_id(100, Some("x")), with_id(50, Some("late")), with_id(200, Some("y"))];
+    let out = run(PolicySpec::fixed(1_000).with_event_ids(8), &uploads);
+    assert_eq!(summary(&out), vec![(1_200, Trigger::Trailing, 3)]);
+    assert_eq!(ids_of(&out[0]), Some((vec!["x", "late", "y"], 0)));
+    assert_eq!(out[0].last_event_id.as_deref(), Some("y"));
+}
+
+#[test]
+fn each_emission_lists_the_ids_of_its_own_round() {
+    // leading-trailing: the leading emission lists its upload; the trailing one the rest.
+    let uploads = [with_id(0, Some("a")), with_id(100, Some("b")), with_id(200, Some("c"))];
+    let out = run(PolicySpec::leading_trailing(1_000).with_event_ids(8), &uploads);
+    assert_eq!(
+        summary(&out),
+        vec![(0, Trigger::Leading, 1), (1_200, Trigger::Trailing, 2)]
+    );
+    assert_eq!(ids_of(&out[0]), Some((vec!["a"], 0)));
+    assert_eq!(ids_of(&out[1]), Some((vec!["b", "c"], 0)));
+    // max-wait: the continuation round starts a new list.
+    let uploads: Vec<Upload> = (0..6)
+        .map(|i| with_id(i * 300, Some(&format!("e{i}"))))
+        .collect();
+    let out = run(
+        PolicySpec::fixed(1_000).with_max_wait(1_000).with_event_ids(8),
+        &uploads,
+    );
+    assert_eq!(
+        summary(&out),
+        vec![(1_000, Trigger::MaxWait, 4), (2_000, Trigger::MaxWait, 2)]
+    );
+    assert_eq!(ids_of(&out[0]), Some((vec!["e0", "e1", "e2", "e3"], 0)));
+    assert_eq!(ids_of(&out[1]), Some((vec!["e4", "e5"], 0)));
+    // final and complete end the round with their ids; the next round starts empty.
+    let mut fin = with_id(100, Some("f"));
+    fin.final_flag = true;
+    let out = run(
+        PolicySpec::fixed(1_000).with_event_ids(8),
+        &[with_id(0, Some("a")), fin, with_id(200, Some("g"))],
+    );
+    assert_eq!(
+        summary(&out),
+        vec![(100, Trigger::Final, 2), (1_200, Trigger::Trailing, 1)]
+    );
+    assert_eq!(ids_of(&out[0]), Some((vec!["a", "f"], 0)));
+    assert_eq!(ids_of(&out[1]), Some((vec!["g"], 0)));
+}
+
+#[test]
+fn a_manual_flush_lists_the_ids_and_a_cancel_drops_them() {
+    let engine = Engine::new(PolicyTable::uniform(
+        PolicySpec::fixed(10_000).with_event_ids(8),
+    ));
+    let (mut st, mut out) = (None, Vec::new());
+    for u in [with_id(0, Some("a")), with_id(100, Some("b"))] {
+        engine.on_upload(u.event_time, &mut st, &u, &mut out);
+    }
+    let flush = Action {
+        flush: true,
+        dry_run: false,
+    };
+    engine.act(500, &key("s"), &mut st, flush, &mut out);
+    assert_eq!(summary(&out), vec![(500, Trigger::Manual, 2)]);
+    assert_eq!(ids_of(&out[0]), Some((vec!["a", "b"], 0)));
+    engine.on_upload(600, &mut st, &with_id(600, Some("c")), &mut out);
+    let cancel = Action {
+        flush: false,
+        ..flush
+    };
+    engine.act(700, &key("s"), &mut st, cancel, &mut out);
+    engine.on_upload(800, &mut st, &with_id(800, Some("d")), &mut out);
+    engine.on_time(100_000, &key("s"), &mut st, &mut out);
+    assert_eq!(out.len(), 2);
+    assert_eq!(ids_of(&out[1]), Some((vec!["d"], 0)), "c went with the cancel");
+}
+
+#[test]
+fn a_rule_change_keeps_the_list_a_prefix_of_the_round() {
+    // The rule in force when a round opens decides whether it keeps ids; the cap in force at
+    // each upload whether that id is listed, and once one is dropped all later ones are.
+    let mut d = Driver::new(Engine::new(PolicyTable::uniform(
+        PolicySpec::fixed(1_000).with_event_ids(2),
+    )));
+    let (mut t, mut out) = (MemTable::new(), Vec::new());
+    let mut step = |d: &mut Driver, u: Upload| d.apply(&mut t, u.event_time, &u, &mut out).unwrap();
+    step(&mut d, with_id(0, Some("a")));
+    step(&mut d, with_id(100, Some("b")));
+    step(&mut d, with_id(200, Some("c"))); // over the cap of 2: dropped
+    d.set_engine(Engine::new(PolicyTable::uniform(
+        PolicySpec::fixed(1_000).with_event_ids(8),
+    )));
+    step(&mut d, with_id(300, Some("d"))); // room again, but "c" was dropped: dropped too
+    step(&mut d, with_id(5_000, Some("e"))); // a new round: listed from the start
+    d.set_engine(Engine::new(PolicyTable::uniform(PolicySpec::fixed(1_000))));
+    step(&mut d, with_id(5_100, Some("f"))); // event-ids 0 now: counted, not listed
+    step(&mut d, with_id(9_000, Some("g"))); // a round opened under 0 keeps no ids
+    d.set_engine(Engine::new(PolicyTable::uniform(
+        PolicySpec::fixed(1_000).with_event_ids(8),
+    )));
+    step(&mut d, with_id(9_100, Some("h"))); // its first upload was not listed: still none
+    d.advance(&mut t, 100_000, &mut out).unwrap();
+    let ids: Vec<_> = out.iter().map(ids_of).collect();
+    assert_eq!(
+        ids,
+        vec![
+            Some((vec!["a", "b"], 2)),
+            Some((vec!["e"], 1)),
+            None,
+        ]
+    );
+}
+
+#[test]
+fn event_ids_are_per_tenant() {
+    let mut table = PolicyTable::uniform(PolicySpec::fixed(1_000));
+    table
+        .tenants
+        .insert("acme".into(), PolicySpec::fixed(1_000).with_event_ids(4));
+    let mut d = Driver::new(Engine::new(table));
+    let (mut t, mut out) = (MemTable::new(), Vec::new());
+    for tenant in ["acme", "other"] {
+        let u = Upload {
+            event_id: Some("e".into()),
+            ..Upload::plain(SessionKey::new(tenant, "s"), 0)
+        };
+        d.apply(&mut t, 0, &u, &mut out).unwrap();
+    }
+    d.advance(&mut t, 10_000, &mut out).unwrap();
+    let by_tenant: Vec<_> = out
+        .iter()
+        .map(|e| (e.key.tenant().to_owned(), ids_of(e)))
+        .collect();
+    assert!(by_tenant.contains(&("acme".into(), Some((vec!["e"], 0)))));
+    assert!(by_tenant.contains(&("other".into(), None)));
+}
+
+#[test]
+fn event_ids_hold_ids_compactly() {
+    // What a round pays per id held: its bytes + 1 (the buffer may have up to as much again
+    // in spare capacity); the ids come back unchanged, any UTF-8, up to 128 bytes.
+    let long = "x".repeat(128);
+    let mut ids = EventIds::default();
+    for id in ["", "é🚀", long.as_str(), "0f8fad5b-d9cb-469f-a165-70867728950e"] {
+        ids.push(id, 10);
+    }
+    assert_eq!(
+        ids.iter().collect::<Vec<_>>(),
+        ["", "é🚀", long.as_str(), "0f8fad5b-d9cb-469f-a165-70867728950e"]
+    );
+    assert_eq!((ids.listed(), ids.dropped()), (4, 0));
+    assert!(ids.heap_bytes() >= 4 + 6 + 128 + 36);
+    // An id over 255 bytes (never through `codec::decode_upload`) is counted, not listed.
+    ids.push(&"y".repeat(256), 10);
+    assert_eq!((ids.listed(), ids.dropped()), (4, 1));
+    assert_eq!(std::mem::size_of::<EventIds>(), 32);
+    assert_eq!(std::mem::size_of::<Option<Box<EventIds>>>(), 8);
+}

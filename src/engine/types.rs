@@ -241,6 +241,13 @@ pub struct Round {
     pub attributes: Option<String>,
     /// Distinct split-upload part indexes seen in this round, sorted.
     pub parts: Vec<u32>,
+    /// The round's event ids (SEMANTICS §2 `event_ids`): `Some` when the round opened under
+    /// a rule with `event-ids = N > 0`, `None` otherwise (then the emission has no
+    /// `event_ids`). Boxed: 8 bytes in a round that keeps none. Not in the serde (postcard)
+    /// form: the store writes it in the value's trailer (`store::keys`); a round stored
+    /// before it existed reads as `None`.
+    #[serde(skip)]
+    pub event_ids: Option<Box<EventIds>>,
     /// The policy of the rule that timed this round: the one in force when its last
     /// on-time upload was applied (or when it opened). It names the emission's `policy`
     /// (SEMANTICS §2), whatever rule is in force when the round fires: a rule that changed
@@ -260,6 +267,78 @@ impl Round {
             Some(m) => m.min(self.deadline),
             None => self.deadline,
         }
+    }
+}
+
+/// The event ids a round keeps under `event-ids = N` (SEMANTICS §2 `event_ids`,
+/// `event_ids_dropped`): the `event_id`s of its uploads in the order applied (late uploads
+/// counted in the round included, redeliveries and uploads without an id not), the first
+/// `N` of them listed, and how many more the round had.
+///
+/// Held compactly, in one allocation: each listed id as its length (1 byte) then its UTF-8
+/// bytes, so a round pays its ids' bytes + 1 per id listed (plus the buffer's spare
+/// capacity, at most as much again), and 48 bytes once (this struct, boxed, with its
+/// allocation header). Ids are at most 128 bytes (`codec::EVENT_ID_MAX_BYTES`); an id over
+/// [`EventIds::MAX_ID_BYTES`], which `codec::decode_upload` never lets through, is counted
+/// as dropped.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EventIds {
+    /// The listed ids: `len ‖ bytes` each, in order. Every `bytes` is UTF-8.
+    buf: Vec<u8>,
+    /// Ids in `buf`.
+    listed: u32,
+    /// Ids the round had beyond the listed ones.
+    dropped: u32,
+}
+
+impl EventIds {
+    /// Longest id that can be listed (bytes).
+    pub const MAX_ID_BYTES: usize = u8::MAX as usize;
+
+    /// Takes the id of an upload applied to the round: listed when fewer than `cap` are and
+    /// none was dropped yet (so the list is always the round's first ids), counted as
+    /// dropped otherwise.
+    pub fn push(&mut self, id: &str, cap: u32) {
+        match u8::try_from(id.len()) {
+            Ok(len) if self.dropped == 0 && self.listed < cap => {
+                self.buf.push(len);
+                self.buf.extend_from_slice(id.as_bytes());
+                self.listed += 1;
+            }
+            _ => self.dropped = self.dropped.saturating_add(1),
+        }
+    }
+
+    /// Adds `n` to the dropped count (a stored value being read back).
+    pub fn add_dropped(&mut self, n: u32) {
+        self.dropped = self.dropped.saturating_add(n);
+    }
+
+    /// The listed ids, in the order applied.
+    pub fn iter(&self) -> impl Iterator<Item = &str> + '_ {
+        let mut rest = self.buf.as_slice();
+        std::iter::from_fn(move || {
+            let (&len, tail) = rest.split_first()?;
+            let (id, tail) = tail.split_at_checked(usize::from(len))?;
+            rest = tail;
+            // Invariant: `push` stores whole `str`s only.
+            std::str::from_utf8(id).ok()
+        })
+    }
+
+    /// How many ids are listed.
+    pub fn listed(&self) -> u32 {
+        self.listed
+    }
+
+    /// How many more ids the round had than it lists (`event_ids_dropped`).
+    pub fn dropped(&self) -> u32 {
+        self.dropped
+    }
+
+    /// Bytes of heap the listed ids take (the buffer's capacity), for memory accounting.
+    pub fn heap_bytes(&self) -> usize {
+        self.buf.capacity()
     }
 }
 
@@ -313,6 +392,11 @@ pub struct Emission {
     pub last_event_id: Option<String>,
     /// `attributes` (JSON object text) of the last coalesced upload.
     pub attributes: Option<String>,
+    /// The round's event ids when its rule keeps them (SEMANTICS §2 `event_ids`,
+    /// `event_ids_dropped`), `None` otherwise. Not in the serde (postcard) form: the store
+    /// writes it in the outbox value's trailer (`store::keys`).
+    #[serde(skip)]
+    pub event_ids: Option<Box<EventIds>>,
 }
 
 impl Emission {

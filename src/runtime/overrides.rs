@@ -23,7 +23,10 @@
 //! * **Pinned tier**: handed to the tier router (`tiers::Router::set_override_pins`): the
 //!   tenant's emissions go to that tier whatever its rate (still measured and shown); when
 //!   the pin goes, automatic tiering resumes from the measured rate.
-//! * **`event_ids`**: stored and shown, not applied yet (the engine keeps no event ids).
+//! * **`event_ids`**: the tenant's `event-ids` (SEMANTICS §2): how many event ids its ready
+//!   records list, over the config's (and over `debounce."event-ids"` of the same override).
+//!   Like the other rule keys it applies from the next round's opening on for whether a
+//!   round keeps ids, from the next upload on for the cap.
 //! * **Expiry**: an override whose `expires_at` passed is out of force; each instance checks
 //!   on a timer (at most [`EXPIRY_CHECK`] late) and puts the config's rule back.
 //!
@@ -45,6 +48,7 @@ use crate::codec::action::{AuditRecord, AuditStage, REASON_MAX_BYTES};
 use crate::codec::{format_rfc3339_ms, validate_tenant};
 use crate::config::{DebounceConfig, TenantOverride};
 use crate::engine::{Engine, Millis, PolicySpec, PolicyTable};
+pub use crate::engine::EVENT_IDS_MAX;
 use crate::metrics::Metrics;
 use crate::tiers::SharedRouter;
 use crate::transport::{Backoff, OverrideEntry, OverrideEvent, OverrideStore, OverrideWriteError};
@@ -62,9 +66,6 @@ pub const RESTORE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest time between two expiry checks: an override is out of force at most this late.
 pub const EXPIRY_CHECK: Duration = Duration::from_secs(1);
 
-/// Most event ids an override may keep per round (`event_ids`).
-pub const EVENT_IDS_MAX: u32 = 100_000;
-
 /// Default wait of a write for its own instance to apply it (Kafka; ms).
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(5);
 
@@ -76,13 +77,14 @@ pub struct Override {
     pub tenant: String,
     /// Policy, parameters and max-wait, as `[debounce.tenants.NAME]` (`policy`, `delay`,
     /// `min-delay`, `max-delay`, `max-wait` with `"off"` for none, `state-ttl`,
-    /// `learn-initial-delay`); unset keys are inherited from the config's rule of the tenant.
+    /// `learn-initial-delay`, `event-ids`); unset keys are inherited from the config's rule of the tenant.
     #[serde(default, skip_serializing_if = "TenantOverride::is_empty")]
     pub debounce: TenantOverride,
     /// The tier the tenant is pinned to while the override is in force.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tier: Option<String>,
-    /// Event ids kept per round (stored, not applied yet).
+    /// Event ids listed per ready record of the tenant (`event-ids`, SEMANTICS §2), 0 to
+    /// [`EVENT_IDS_MAX`]; over `debounce."event-ids"` when both are set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub event_ids: Option<u32>,
     /// Why (≤ 1024 bytes).
@@ -139,15 +141,30 @@ impl Override {
         !self.deleted && self.expires_at.is_none_or(|e| e > now)
     }
 
+    /// Whether it changes its tenant's rule: a `debounce` key or `event_ids` set.
+    pub fn sets_rule(&self) -> bool {
+        !self.debounce.is_empty() || self.event_ids.is_some()
+    }
+
     /// The rule it gives its tenant over `baseline` (the config's rule of the tenant), or
-    /// `None` when it sets no `debounce` key.
+    /// `None` when it sets no `debounce` key and no `event_ids`.
     ///
-    /// Errors: the first key that breaks the config's rules, named `debounce.<key>`.
+    /// Errors: the first key that breaks the config's rules, named `debounce.<key>` (or
+    /// `event_ids`).
     pub fn rule(&self, baseline: &PolicySpec) -> Result<Option<PolicySpec>, InvalidOverride> {
-        if self.debounce.is_empty() {
+        if !self.sets_rule() {
             return Ok(None);
         }
-        let resolved = DebounceConfig::from_spec(baseline).with_override(&self.debounce);
+        if let Some(n) = self.event_ids.filter(|&n| n > EVENT_IDS_MAX) {
+            return Err(InvalidOverride {
+                key: "event_ids".into(),
+                message: format!("must be 0 to {EVENT_IDS_MAX}, got {n}"),
+            });
+        }
+        let mut resolved = DebounceConfig::from_spec(baseline).with_override(&self.debounce);
+        if let Some(n) = self.event_ids {
+            resolved.event_ids = n;
+        }
         resolved
             .validate_as("debounce")
             .map_err(|e| InvalidOverride {
@@ -195,7 +212,7 @@ impl Override {
         if self.debounce.is_empty() && self.tier.is_none() && self.event_ids.is_none() {
             return bad(
                 "",
-                "nothing to override: set debounce keys (policy, delay, min-delay, max-delay, max-wait, state-ttl, learn-initial-delay), tier or event_ids".into(),
+                "nothing to override: set debounce keys (policy, delay, min-delay, max-delay, max-wait, state-ttl, learn-initial-delay, event-ids), tier or event_ids".into(),
             );
         }
         self.rule(baseline)?;
@@ -205,14 +222,6 @@ impl Override {
                 return bad(
                     "tier",
                     format!("unknown tier {tier:?}; the tiers are {}", names.join(", ")),
-                );
-            }
-        }
-        if let Some(n) = self.event_ids {
-            if n > EVENT_IDS_MAX {
-                return bad(
-                    "event_ids",
-                    format!("must be 0 to {EVENT_IDS_MAX}, got {n}"),
                 );
             }
         }
@@ -842,5 +851,43 @@ mod tests {
         assert_eq!(back, o);
         let text = String::from_utf8(o.encode()).unwrap();
         assert!(text.contains(r#""max-wait":"off""#), "{text}");
+    }
+
+    #[test]
+    fn event_ids_are_applied_over_the_config_rule() {
+        let base = PolicySpec::fixed(1_000).with_event_ids(4);
+        let tiers = || ["normal"].into_iter();
+        // `event_ids` alone is a rule: the tenant's config rule with that many ids.
+        let mut o = record("acme", 1, "r");
+        o.tier = None;
+        o.event_ids = Some(64);
+        assert!(o.sets_rule());
+        assert_eq!(
+            o.rule(&base).unwrap(),
+            Some(PolicySpec::fixed(1_000).with_event_ids(64))
+        );
+        assert!(o.validate(&base, tiers(), 0).is_ok());
+        // 0 turns them off for the tenant.
+        o.event_ids = Some(0);
+        assert_eq!(o.rule(&base).unwrap(), Some(PolicySpec::fixed(1_000)));
+        // Over `debounce."event-ids"` of the same override, and bounded.
+        o.debounce.event_ids = Some(8);
+        o.event_ids = Some(16);
+        assert_eq!(o.rule(&base).unwrap().map(|r| r.event_ids), Some(16));
+        o.event_ids = None;
+        assert_eq!(o.rule(&base).unwrap().map(|r| r.event_ids), Some(8));
+        o.event_ids = Some(EVENT_IDS_MAX + 1);
+        let e = o.validate(&base, tiers(), 0).unwrap_err();
+        assert_eq!(e.key, "event_ids", "{e}");
+        assert!(e.to_string().contains("0 to 100000"), "{e}");
+        o.event_ids = None;
+        o.debounce.event_ids = Some(EVENT_IDS_MAX + 1);
+        let e = o.validate(&base, tiers(), 0).unwrap_err();
+        assert_eq!(e.key, "debounce.event-ids", "{e}");
+        // Nothing about the rule set: no rule.
+        let mut pin = record("acme", 1, "r");
+        pin.event_ids = None;
+        assert!(!pin.sets_rule());
+        assert_eq!(pin.rule(&base).unwrap(), None);
     }
 }

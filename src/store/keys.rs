@@ -104,8 +104,9 @@ pub(crate) fn decode_meta_u64(key: &[u8], bytes: &[u8]) -> Result<u64, Error> {
 /// decoding), and a flush writes one record per changed key.
 ///
 /// The trailer keeps layout 2 readable both ways: a value written before it existed decodes
-/// with the trailer's fields at their defaults (`Round::policy` `None`), and postcard, which
-/// ignores bytes after a value, reads a value with a trailer as before.
+/// with the trailer's fields at their defaults (`Round::policy` and `Round::event_ids`
+/// `None`), and postcard, which ignores bytes after a value, reads a value with a trailer
+/// as before.
 pub(crate) fn encode_session_into(
     due: Option<Millis>,
     state: &SessionState,
@@ -132,10 +133,13 @@ pub(crate) fn encode_session_into(
 /// is a 0/1 tag before its value, a string or sequence its length before its items, an
 /// enum's unit variant its index, structs their fields in declaration order.
 mod wire {
-    use crate::engine::{Emission, PolicyName, Round, SessionState, Trigger};
+    use crate::engine::{Emission, EventIds, PolicyName, Round, SessionState, Trigger};
 
     /// Trailer field: [`Round::policy`], its variant index (a varint).
     pub(super) const ROUND_POLICY: u64 = 1;
+    /// Trailer field of a round ([`Round::event_ids`]) and of an outbox value
+    /// ([`Emission::event_ids`]): [`event_ids`]'s bytes.
+    pub(super) const EVENT_IDS: u64 = 2;
 
     fn varint(out: &mut Vec<u8>, mut v: u64) {
         while v >= 0x80 {
@@ -247,6 +251,97 @@ mod wire {
             varint(out, 1);
             varint(out, policy_index(p));
         }
+        if let Some(ids) = r.event_ids.as_deref() {
+            event_ids_field(out, ids);
+        }
+    }
+
+    /// An emission's fields that its postcard form leaves out, after it: a trailer as
+    /// [`round_trailer`]'s (none for an emission without event ids, so such an outbox value
+    /// is postcard's bytes alone, as before the trailer existed).
+    pub(super) fn emission_trailer(out: &mut Vec<u8>, e: &Emission) {
+        if let Some(ids) = e.event_ids.as_deref() {
+            event_ids_field(out, ids);
+        }
+    }
+
+    /// The [`EVENT_IDS`] trailer field: `varint(dropped) ‖ varint(listed) ‖ (varint(len) ‖
+    /// bytes)` per listed id, in order (postcard's `(u32, Vec<String>)`).
+    fn event_ids_field(out: &mut Vec<u8>, ids: &EventIds) {
+        let len = varint_len(u64::from(ids.dropped()))
+            + varint_len(u64::from(ids.listed()))
+            + ids
+                .iter()
+                .map(|id| varint_len(id.len() as u64) + id.len())
+                .sum::<usize>();
+        varint(out, EVENT_IDS);
+        varint(out, len as u64);
+        varint(out, u64::from(ids.dropped()));
+        varint(out, u64::from(ids.listed()));
+        for id in ids.iter() {
+            text(out, id);
+        }
+    }
+
+    fn varint_len(v: u64) -> usize {
+        (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
+    }
+
+    /// Reads an [`EVENT_IDS`] field. Errors: cut short, an id that is not UTF-8 or too long.
+    fn read_event_ids(field: &[u8]) -> Result<EventIds, String> {
+        let cut = || "event ids cut short".to_string();
+        let (dropped, rest) = take_varint(field).ok_or_else(cut)?;
+        let (listed, mut rest) = take_varint(rest).ok_or_else(cut)?;
+        let too_many = |what: &str, n: u64| format!("event ids: {what} {n} is not a u32");
+        let dropped = u32::try_from(dropped).map_err(|_| too_many("dropped", dropped))?;
+        let listed = u32::try_from(listed).map_err(|_| too_many("listed", listed))?;
+        let mut ids = EventIds::default();
+        for _ in 0..listed {
+            let (len, tail) = take_varint(rest).ok_or_else(cut)?;
+            let len = usize::try_from(len).unwrap_or(usize::MAX);
+            let bytes = tail.get(..len).ok_or_else(cut)?;
+            let id = std::str::from_utf8(bytes).map_err(|e| format!("event id: {e}"))?;
+            if id.len() > EventIds::MAX_ID_BYTES {
+                return Err(format!("event id of {} bytes", id.len()));
+            }
+            ids.push(id, listed);
+            rest = &tail[len..];
+        }
+        ids.add_dropped(dropped);
+        Ok(ids)
+    }
+
+    /// The trailer fields after a value, `(tag, field bytes)` in order. Errors: a field cut
+    /// short (the text says which; nothing is read after it).
+    fn trailer_fields(
+        mut bytes: &[u8],
+    ) -> impl Iterator<Item = Result<(u64, &[u8]), String>> + '_ {
+        std::iter::from_fn(move || {
+            if bytes.is_empty() {
+                return None;
+            }
+            Some(match take_field(bytes) {
+                Ok((tag, field, rest)) => {
+                    bytes = rest;
+                    Ok((tag, field))
+                }
+                Err(e) => {
+                    bytes = &[];
+                    Err(e)
+                }
+            })
+        })
+    }
+
+    /// One `tag ‖ length ‖ bytes` field at the front of `bytes`: `(tag, field, rest)`.
+    fn take_field(bytes: &[u8]) -> Result<(u64, &[u8], &[u8]), String> {
+        let (tag, rest) = take_varint(bytes).ok_or("trailer: tag cut short")?;
+        let (len, rest) = take_varint(rest).ok_or("trailer: length cut short")?;
+        let len = usize::try_from(len).unwrap_or(usize::MAX);
+        match rest.get(..len) {
+            Some(field) => Ok((tag, field, &rest[len..])),
+            None => Err(format!("trailer: field {tag} of {len} bytes cut short")),
+        }
     }
 
     /// A varint at the front of `bytes`, and the rest; `None` when it is cut short or longer
@@ -264,23 +359,34 @@ mod wire {
 
     /// Reads a trailer written by [`round_trailer`] into `r`. Errors: a field cut short, or a
     /// known field with a value it cannot have (the text says which).
-    pub(super) fn read_round_trailer(mut bytes: &[u8], r: &mut Round) -> Result<(), String> {
-        while !bytes.is_empty() {
-            let (tag, rest) = take_varint(bytes).ok_or("round trailer: tag cut short")?;
-            let (len, rest) = take_varint(rest).ok_or("round trailer: length cut short")?;
-            let len = usize::try_from(len).unwrap_or(usize::MAX);
-            let field = rest
-                .get(..len)
-                .ok_or_else(|| format!("round trailer: field {tag} of {len} bytes cut short"))?;
-            if tag == ROUND_POLICY {
-                let index = take_varint(field).map(|(v, _)| v);
-                r.policy = Some(
-                    index
-                        .and_then(policy_of)
-                        .ok_or_else(|| format!("round trailer: unknown policy {index:?}"))?,
-                );
+    pub(super) fn read_round_trailer(bytes: &[u8], r: &mut Round) -> Result<(), String> {
+        for field in trailer_fields(bytes) {
+            match field.map_err(|e| format!("round {e}"))? {
+                (ROUND_POLICY, field) => {
+                    let index = take_varint(field).map(|(v, _)| v);
+                    r.policy =
+                        Some(index.and_then(policy_of).ok_or_else(|| {
+                            format!("round trailer: unknown policy {index:?}")
+                        })?);
+                }
+                (EVENT_IDS, field) => {
+                    let ids = read_event_ids(field).map_err(|e| format!("round trailer: {e}"))?;
+                    r.event_ids = Some(Box::new(ids));
+                }
+                _ => {}
             }
-            bytes = &rest[len..];
+        }
+        Ok(())
+    }
+
+    /// Reads a trailer written by [`emission_trailer`] into `e`. Errors as
+    /// [`read_round_trailer`].
+    pub(super) fn read_emission_trailer(bytes: &[u8], e: &mut Emission) -> Result<(), String> {
+        for field in trailer_fields(bytes) {
+            if let (EVENT_IDS, field) = field.map_err(|e| format!("emission {e}"))? {
+                let ids = read_event_ids(field).map_err(|e| format!("emission trailer: {e}"))?;
+                e.event_ids = Some(Box::new(ids));
+            }
         }
         Ok(())
     }
@@ -351,20 +457,31 @@ pub(crate) fn decode_tenant(key: &[u8], bytes: &[u8]) -> Result<TenantStats, Err
     decode(CF_TENANTS, key, bytes)
 }
 
-/// Encodes an `outbox` value (postcard) into `buf`, cleared first (see
-/// [`encode_session_into`]).
+/// Encodes an `outbox` value into `buf`, cleared first (see [`encode_session_into`]): the
+/// emission (postcard), then, for an emission with event ids, its trailer
+/// ([`wire::emission_trailer`], read back by [`decode_emission`]; a settle from before it
+/// reads the value without its event ids).
 pub(crate) fn encode_emission_into(
     emission: &Emission,
     mut buf: Vec<u8>,
 ) -> Result<Vec<u8>, Error> {
     buf.clear();
     wire::emission(&mut buf, emission);
+    wire::emission_trailer(&mut buf, emission);
     Ok(buf)
 }
 
-/// Decodes an `outbox` value stored under `key`.
+/// Decodes an `outbox` value stored under `key` (with or without a trailer).
 pub(crate) fn decode_emission(key: &[u8], bytes: &[u8]) -> Result<Emission, Error> {
-    decode(CF_OUTBOX, key, bytes)
+    let corrupt = |reason: String| Error::Corrupt {
+        cf: CF_OUTBOX,
+        key: printable(key),
+        reason,
+    };
+    let (mut emission, trailer) =
+        postcard::take_from_bytes::<Emission>(bytes).map_err(|e| corrupt(e.to_string()))?;
+    wire::read_emission_trailer(trailer, &mut emission).map_err(corrupt)?;
+    Ok(emission)
 }
 
 fn decode<T: DeserializeOwned>(cf: &'static str, key: &[u8], bytes: &[u8]) -> Result<T, Error> {
@@ -448,6 +565,25 @@ mod tests {
         proptest::option::of("[a-z0-9\\-\\u{e9}\\u{1F600}]{0,200}")
     }
 
+    /// Event ids as a round keeps them: up to 6 listed (ids up to 128 bytes, any UTF-8),
+    /// any dropped count; or none.
+    fn arb_event_ids() -> impl Strategy<Value = Option<Box<crate::engine::EventIds>>> {
+        proptest::option::of((
+            proptest::collection::vec("[a-z0-9\\-\\u{e9}\\u{1F600}]{0,32}", 0..6),
+            any::<u32>(),
+        ))
+        .prop_map(|ids| {
+            ids.map(|(listed, dropped)| {
+                let mut ids = crate::engine::EventIds::default();
+                for id in &listed {
+                    ids.push(id, listed.len() as u32);
+                }
+                ids.add_dropped(dropped);
+                Box::new(ids)
+            })
+        })
+    }
+
     fn arb_millis() -> impl Strategy<Value = Millis> {
         prop_oneof![
             any::<i64>(),
@@ -468,6 +604,7 @@ mod tests {
                 (any::<u32>(), proptest::option::of(arb_millis()), proptest::option::of(arb_millis())),
                 (arb_text(), arb_text(), proptest::collection::vec(any::<u32>(), 0..20)),
             )),
+            event_ids in arb_event_ids(),
         ) -> SessionState {
             SessionState {
                 created_at,
@@ -480,6 +617,7 @@ mod tests {
                         start, deadline, max_wait_at, delay, uploads, first_upload_at,
                         last_upload_at, last_event_id, attributes, parts,
                         policy: wire::policy_of(delay.unsigned_abs() % 4),
+                        event_ids,
                     })
                 }),
             }
@@ -495,6 +633,7 @@ mod tests {
             policy in 0usize..3,
             last_event_id in arb_text(),
             attributes in arb_text(),
+            event_ids in arb_event_ids(),
         ) -> Emission {
             let (state_created_at, generation, uploads, first_upload_at, last_upload_at, due_at, delay_ms) = ints;
             Emission {
@@ -503,7 +642,7 @@ mod tests {
                 trigger: Trigger::ALL[trigger],
                 uploads, first_upload_at, last_upload_at, due_at, delay_ms,
                 policy: [PolicyName::Fixed, PolicyName::LeadingTrailing, PolicyName::Adaptive][policy],
-                last_event_id, attributes,
+                last_event_id, attributes, event_ids,
             }
         }
     }
@@ -523,10 +662,14 @@ mod tests {
             let mut without = state;
             if let Some(r) = without.round.as_deref_mut() {
                 r.policy = None;
+                r.event_ids = None;
             }
             prop_assert_eq!(decode_session(b"t/s", &old).unwrap(), (None, without));
+            // An outbox value: postcard's bytes, then (with event ids) the trailer.
             let buf = encode_emission_into(&emission, vec![9; 40]).unwrap();
-            prop_assert_eq!(&buf[..], &postcard::to_allocvec(&emission).unwrap()[..]);
+            let postcard = postcard::to_allocvec(&emission).unwrap();
+            prop_assert_eq!(&buf[..postcard.len()], &postcard[..]);
+            prop_assert_eq!(buf.len() == postcard.len(), emission.event_ids.is_none());
             prop_assert_eq!(decode_emission(b"k", &buf).unwrap(), emission);
         }
     }
@@ -545,6 +688,7 @@ mod tests {
             attributes: None,
             parts: vec![],
             policy: Some(PolicyName::LeadingTrailing),
+            event_ids: None,
         };
         let state = SessionState {
             round: Some(Box::new(round)),
@@ -569,6 +713,106 @@ mod tests {
         *bad.last_mut().unwrap() = 9;
         let err = decode_session(b"t/s", &bad).unwrap_err().to_string();
         assert!(err.contains("unknown policy"), "{err}");
+    }
+
+    /// A state and an outbox value as settle wrote them before rounds kept event ids (bytes
+    /// written down by hand from the layout): read back with no event ids; and a round
+    /// or emission without event ids is still written as exactly those bytes.
+    #[test]
+    fn values_from_before_event_ids_read_back_and_are_written_alike() {
+        let old_state: &[u8] = &[
+            TIMER, 0x80, 0, 0, 0, 0, 0, 0x05, 0xDC, // timer 1500
+            0xD0, 0x0F, 0x02, 0xD0, 0x0F, // created_at 1000, generation 2, last_upload_at
+            0x01, 0x03, b'e', b'-', b'1', 0x00, // last_applied_event_id "e-1", no track
+            0x01, 0xD0, 0x0F, 0xB8, 0x17, 0x00, 0xE8, 0x07, // round: start, deadline, -, delay
+            0x01, 0x01, 0xD0, 0x0F, 0x01, 0xD0, 0x0F, // uploads 1, first and last at 1000
+            0x01, 0x03, b'e', b'-', b'1', 0x00, 0x00, // last_event_id, no attributes, parts
+            0x01, 0x01, 0x00, // trailer: policy fixed
+        ];
+        let state = SessionState {
+            created_at: 1_000,
+            generation: 2,
+            last_upload_at: 1_000,
+            last_applied_event_id: Some("e-1".into()),
+            track: None,
+            round: Some(Box::new(crate::engine::Round {
+                start: 1_000,
+                deadline: 1_500,
+                max_wait_at: None,
+                delay: 500,
+                uploads: 1,
+                first_upload_at: Some(1_000),
+                last_upload_at: Some(1_000),
+                last_event_id: Some("e-1".into()),
+                attributes: None,
+                parts: vec![],
+                policy: Some(PolicyName::Fixed),
+                event_ids: None,
+            })),
+        };
+        assert_eq!(
+            decode_session(b"t/s", old_state).unwrap(),
+            (Some(1_500), state.clone())
+        );
+        assert_eq!(
+            encode_session_into(Some(1_500), &state, Vec::new()).unwrap(),
+            old_state
+        );
+        let old_outbox: &[u8] = &[
+            0x03, b't', b'/', b's', 0xD0, 0x0F, 0x02, 0x01, 0x01, // key, created, gen, trailing, 1 upload
+            0xD0, 0x0F, 0xD0, 0x0F, 0xB8, 0x17, 0xE8, 0x07, 0x00, // first, last, due, delay, fixed
+            0x01, 0x03, b'e', b'-', b'1', 0x00, // last_event_id, no attributes
+        ];
+        let emission = Emission {
+            key: SessionKey::new("t", "s"),
+            state_created_at: 1_000,
+            generation: 2,
+            trigger: Trigger::Trailing,
+            uploads: 1,
+            first_upload_at: 1_000,
+            last_upload_at: 1_000,
+            due_at: 1_500,
+            delay_ms: 500,
+            policy: PolicyName::Fixed,
+            last_event_id: Some("e-1".into()),
+            attributes: None,
+            event_ids: None,
+        };
+        assert_eq!(decode_emission(b"k", old_outbox).unwrap(), emission);
+        assert_eq!(
+            encode_emission_into(&emission, Vec::new()).unwrap(),
+            old_outbox
+        );
+
+        // With event ids: the same bytes, then one trailer field (tag 2) each.
+        let mut ids = crate::engine::EventIds::default();
+        for id in ["e-1", "e-2", "e-3"] {
+            ids.push(id, 2);
+        }
+        let field: &[u8] = &[
+            0x02, 0x0A, 0x01, 0x02, 0x03, b'e', b'-', b'1', 0x03, b'e', b'-', b'2',
+        ];
+        let mut with = state.clone();
+        with.round.as_mut().unwrap().event_ids = Some(Box::new(ids.clone()));
+        let buf = encode_session_into(Some(1_500), &with, Vec::new()).unwrap();
+        assert_eq!(&buf[..old_state.len()], old_state);
+        assert_eq!(&buf[old_state.len()..], field);
+        assert_eq!(decode_session(b"t/s", &buf).unwrap(), (Some(1_500), with));
+        let with = Emission {
+            event_ids: Some(Box::new(ids)),
+            ..emission
+        };
+        let buf = encode_emission_into(&with, Vec::new()).unwrap();
+        assert_eq!(&buf[..old_outbox.len()], old_outbox);
+        assert_eq!(&buf[old_outbox.len()..], field);
+        assert_eq!(decode_emission(b"k", &buf).unwrap(), with);
+        // Cut inside the ids, or an id that is not UTF-8: corrupt, named.
+        let err = decode_emission(b"k", &buf[..buf.len() - 2]).unwrap_err().to_string();
+        assert!(err.contains("outbox") && err.contains("cut short"), "{err}");
+        let mut bad = buf.clone();
+        *bad.last_mut().unwrap() = 0xFF;
+        let err = decode_emission(b"k", &bad).unwrap_err().to_string();
+        assert!(err.contains("event id"), "{err}");
     }
 
     #[test]

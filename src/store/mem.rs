@@ -144,6 +144,8 @@ fn entry_bytes(key: &SessionKey, state: Option<&SessionState>) -> usize {
                     + r.last_event_id.as_ref().map_or(0, String::len)
                     + r.attributes.as_ref().map_or(0, String::len)
                     + r.parts.capacity() * 4
+                    // The boxed event ids (32 bytes and their allocation header), their buffer.
+                    + r.event_ids.as_ref().map_or(0, |ids| 48 + ids.heap_bytes())
             })
     });
     ENTRY_OVERHEAD + key.as_str().len() + heap

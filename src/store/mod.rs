@@ -52,8 +52,8 @@
 //!
 //! | column family | key | value |
 //! |---|---|---|
-//! | `sessions` | session key bytes (`tenant/session`, UTF-8) | the key's timer (`0x01 ‖ encode_due(due)`, or `0x00` for none) ‖ `SessionState` (postcard) |
-//! | `outbox` | sequence number, u64 big-endian (FIFO) | `Emission`, postcard |
+//! | `sessions` | session key bytes (`tenant/session`, UTF-8) | the key's timer (`0x01 ‖ encode_due(due)`, or `0x00` for none) ‖ `SessionState` (postcard) ‖ for an open round, its trailer (tagged fields: the round's policy, its event ids) |
+//! | `outbox` | sequence number, u64 big-endian (FIFO) | `Emission`, postcard ‖ for an emission with event ids, its trailer (the same tagged field) |
 //! | `meta` | ASCII name, see below | 8 bytes big-endian |
 //! | `tenants` | tenant name (UTF-8) | `TenantStats` (learned-delay intervals, `engine::learn`), postcard |
 //!
@@ -62,6 +62,11 @@
 //! below it), `outbox_len`, `sessions` (keys with state), `open_rounds` (keys with an open
 //! round). A store of format 1 (timers in a column family of their own) is refused at open
 //! with what to do.
+//!
+//! Trailers (`keys::encode_session_into`) add fields without a new format: a value written
+//! before a field existed reads with the field at its default (a round or emission from
+//! before event ids has none), and an older settle reads a newer value without the fields it
+//! does not know.
 //!
 //! # Invariants
 //!

@@ -1177,6 +1177,7 @@ fn fencing_check_flags_publishes_outside_ownership() -> Result<()> {
             policy: PolicyName::Fixed,
             last_event_id: None,
             attributes: None,
+            event_ids: None,
         },
         emission_id: format!("t/s/{generation}"),
         emitted_at: BASE + ms,

@@ -506,3 +506,57 @@ async fn an_override_outlives_a_restart() {
     assert_eq!(metric(node.addr, "settle_overrides", &[]).await, 1.0);
     node.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_override_of_event_ids_lists_the_tenants_ids_from_its_next_round() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = MemoryBroker::new(TOPIC, 2);
+    let node = Node::start(&broker, options(dir.path())).await;
+    let addr = node.addr;
+    let with_id = |session: &str, id: &str| {
+        let json = format!(r#"{{"tenant":"acme","session":"{session}","event_id":"{id}"}}"#);
+        broker.produce_upload(&format!("acme/{session}"), &json, node.clock.now_ms());
+    };
+
+    // Out of range: 400 naming the key.
+    let (code, answer) = send(
+        addr,
+        "PUT",
+        "/v1/tenants/acme/override",
+        Some(&json!({"version": 0, "event_ids": 100_001})),
+    )
+    .await;
+    assert_eq!((code, &answer["key"]), (400, &Value::from("event_ids")), "{answer}");
+
+    // Applied (it was stored and shown only before): 2 ids per round, fast rounds.
+    let body = json!({"version": 0, "debounce": {"delay": "200ms"}, "event_ids": 2});
+    let (code, answer) = send(addr, "PUT", "/v1/tenants/acme/override", Some(&body)).await;
+    assert_eq!(code, 200, "{answer}");
+    assert_eq!(answer["override"]["event_ids"], 2);
+    assert_eq!(answer["tenant"]["rule_from"], "override", "{answer}");
+    for id in ["e-1", "e-2", "e-3"] {
+        with_id("s", id);
+    }
+    let e = emission_of(&broker, "acme/s").await;
+    let ids = e.event_ids.expect("the override keeps event ids");
+    assert_eq!(
+        (ids.iter().collect::<Vec<_>>(), ids.dropped(), e.uploads),
+        (vec!["e-1", "e-2"], 1, 3)
+    );
+
+    // `event_ids` alone is a rule of its own: 0 turns them off again (delay from the config).
+    let (code, answer) = send(
+        addr,
+        "PUT",
+        "/v1/tenants/acme/override",
+        Some(&json!({"version": 1, "event_ids": 0})),
+    )
+    .await;
+    assert_eq!(code, 200, "{answer}");
+    assert_eq!(answer["tenant"]["rule_from"], "override", "{answer}");
+    with_id("t", "e-9");
+    node.settled(&broker, 1).await;
+    let (_, t) = get_json(addr, "/v1/sessions/acme/t").await;
+    assert_eq!(t["round"]["delay_ms"], HOUR, "{t}");
+    node.stop().await;
+}

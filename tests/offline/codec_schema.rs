@@ -5,7 +5,7 @@
 
 use serde_json::{json, Value};
 use settle::codec::{decode_upload, encode_ready, ATTRIBUTES_MAX_BYTES, ATTRIBUTES_MAX_DEPTH};
-use settle::engine::{Emission, PolicyName, SessionKey, Trigger};
+use settle::engine::{Emission, EventIds, PolicyName, SessionKey, Trigger};
 use std::path::Path;
 
 fn validator(name: &str) -> jsonschema::Validator {
@@ -366,6 +366,7 @@ fn emission(trigger: Trigger, attributes: Option<&str>, event_id: Option<&str>) 
         policy: PolicyName::Adaptive,
         last_event_id: event_id.map(str::to_owned),
         attributes: attributes.map(str::to_owned),
+        event_ids: None,
     }
 }
 
@@ -383,6 +384,23 @@ fn encoded_ready_records_validate() {
             let errors: Vec<String> = schema.iter_errors(&value).map(|e| e.to_string()).collect();
             assert!(errors.is_empty(), "{value}: {errors:?}");
         }
+    }
+    // With the round's event ids (`event-ids = N`): listed, counted, or an empty list.
+    for (listed, dropped) in [(&["e-1", "e-\"2\"", "日本"][..], 5), (&[][..], 0)] {
+        let mut ids = EventIds::default();
+        for id in listed {
+            ids.push(id, 64);
+        }
+        ids.add_dropped(dropped);
+        let em = Emission {
+            event_ids: Some(Box::new(ids)),
+            ..emission(Trigger::Trailing, None, Some("e-1"))
+        };
+        let value: Value = serde_json::from_slice(&encode_ready(&em, 0, "normal")).unwrap();
+        let errors: Vec<String> = schema.iter_errors(&value).map(|e| e.to_string()).collect();
+        assert!(errors.is_empty(), "{value}: {errors:?}");
+        assert_eq!(value["event_ids"].as_array().unwrap().len(), listed.len());
+        assert_eq!(value["event_ids_dropped"], dropped);
     }
 }
 
@@ -425,6 +443,20 @@ fn ready_schema_rejects_what_the_codec_never_writes() {
     });
     with("attributes array", &|o| {
         o.insert("attributes".into(), json!([]));
+    });
+    with("event ids without the dropped count", &|o| {
+        o.insert("event_ids".into(), json!(["e"]));
+    });
+    with("a dropped count without event ids", &|o| {
+        o.insert("event_ids_dropped".into(), json!(0));
+    });
+    with("an event id that is not a string", &|o| {
+        o.insert("event_ids".into(), json!([7]));
+        o.insert("event_ids_dropped".into(), json!(0));
+    });
+    with("a negative dropped count", &|o| {
+        o.insert("event_ids".into(), json!([]));
+        o.insert("event_ids_dropped".into(), json!(-1));
     });
     for (name, v) in cases {
         assert!(!schema.is_valid(&v), "{name} should be rejected");

@@ -31,6 +31,7 @@ mod learn_runtime;
 mod learn_store;
 mod runtime_catch_up;
 mod runtime_demo;
+mod runtime_event_ids;
 mod runtime_handoff;
 mod runtime_inspect;
 mod runtime_restart;

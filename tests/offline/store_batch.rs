@@ -37,6 +37,7 @@ fn state(generation: u64, open_round: bool) -> SessionState {
                 attributes: Some("{\"a\":1}".into()),
                 parts: vec![1, 3],
                 policy: Some(PolicyName::Fixed),
+                event_ids: None,
             })
         }),
     }
@@ -56,6 +57,7 @@ fn emission(n: u64) -> Emission {
         policy: PolicyName::Fixed,
         last_event_id: Some(format!("e{n}")),
         attributes: None,
+        event_ids: None,
     }
 }
 

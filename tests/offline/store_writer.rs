@@ -37,6 +37,7 @@ fn state(generation: u64) -> SessionState {
             last_event_id: None,
             attributes: None,
             parts: vec![],
+            event_ids: None,
             policy: None,
         })),
     }
@@ -56,6 +57,7 @@ fn emission(n: u64) -> Emission {
         policy: PolicyName::Fixed,
         last_event_id: None,
         attributes: None,
+        event_ids: None,
     }
 }
 
