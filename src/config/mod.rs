@@ -1124,7 +1124,11 @@ mod tests {
         assert_eq!(t.for_tenant("beta").event_ids, 0, "overridden");
         assert_eq!(t.for_tenant("gamma").event_ids, EVENT_IDS_MAX);
         assert_eq!(Config::default().policy_table().default.event_ids, 0);
-        assert!(t.default.to_string().ends_with(" event-ids=64"), "{}", t.default);
+        assert!(
+            t.default.to_string().ends_with(" event-ids=64"),
+            "{}",
+            t.default
+        );
         assert!(!t.for_tenant("beta").to_string().contains("event-ids"));
         assert_err(
             "[debounce]\nevent-ids = 100001",

@@ -32,9 +32,8 @@ pub mod types;
 
 pub use learn::{LearnSummary, TenantAges, TenantStats, MAX_LEARNED_TENANTS};
 pub use partition::{Driver, DriverStats, MemTable, SessionTable};
-pub use policy::{PolicySpec, PolicyTable, DEFAULT_STATE_TTL_MS};
+pub use policy::{PolicySpec, PolicyTable, DEFAULT_STATE_TTL_MS, EVENT_IDS_MAX};
 pub use timers::TimerQueue;
-pub use policy::EVENT_IDS_MAX;
 pub use types::{
     CallTrack, Emission, EventIds, Millis, Part, PolicyName, Round, SessionKey, SessionState,
     Trigger, Upload,
@@ -290,7 +289,14 @@ impl Engine {
                     // Debounce deadline: trailing if the round has uploads, else it ends silently.
                     if round.uploads > 0 {
                         let due_at = round.deadline;
-                        out.push(emission(spec, key, s, &mut round, Trigger::Trailing, due_at));
+                        out.push(emission(
+                            spec,
+                            key,
+                            s,
+                            &mut round,
+                            Trigger::Trailing,
+                            due_at,
+                        ));
                     }
                 }
             }

@@ -949,7 +949,14 @@ fn event_ids_off_keeps_no_ids_anywhere() {
     for u in &uploads {
         engine.on_upload(u.event_time, &mut st, u, &mut out);
     }
-    assert!(st.as_ref().unwrap().round.as_ref().unwrap().event_ids.is_none());
+    assert!(st
+        .as_ref()
+        .unwrap()
+        .round
+        .as_ref()
+        .unwrap()
+        .event_ids
+        .is_none());
     engine.on_time(10_000, &key("s"), &mut st, &mut out);
     assert_eq!(out.len(), 1);
     assert_eq!(ids_of(&out[0]), None);
@@ -983,7 +990,11 @@ fn a_redelivered_upload_is_not_listed_twice_and_uploads_without_an_id_are_not_li
 fn a_late_upload_counted_in_the_round_is_listed_in_the_order_applied() {
     // SEMANTICS §3: the late upload (50 < 100) counts in the open round's uploads; its id is
     // one of the round's, listed where it was applied.
-    let uploads = [with_id(100, Some("x")), with_id(50, Some("late")), with_id(200, Some("y"))];
+    let uploads = [
+        with_id(100, Some("x")),
+        with_id(50, Some("late")),
+        with_id(200, Some("y")),
+    ];
     let out = run(PolicySpec::fixed(1_000).with_event_ids(8), &uploads);
     assert_eq!(summary(&out), vec![(1_200, Trigger::Trailing, 3)]);
     assert_eq!(ids_of(&out[0]), Some((vec!["x", "late", "y"], 0)));
@@ -993,8 +1004,15 @@ fn a_late_upload_counted_in_the_round_is_listed_in_the_order_applied() {
 #[test]
 fn each_emission_lists_the_ids_of_its_own_round() {
     // leading-trailing: the leading emission lists its upload; the trailing one the rest.
-    let uploads = [with_id(0, Some("a")), with_id(100, Some("b")), with_id(200, Some("c"))];
-    let out = run(PolicySpec::leading_trailing(1_000).with_event_ids(8), &uploads);
+    let uploads = [
+        with_id(0, Some("a")),
+        with_id(100, Some("b")),
+        with_id(200, Some("c")),
+    ];
+    let out = run(
+        PolicySpec::leading_trailing(1_000).with_event_ids(8),
+        &uploads,
+    );
     assert_eq!(
         summary(&out),
         vec![(0, Trigger::Leading, 1), (1_200, Trigger::Trailing, 2)]
@@ -1006,7 +1024,9 @@ fn each_emission_lists_the_ids_of_its_own_round() {
         .map(|i| with_id(i * 300, Some(&format!("e{i}"))))
         .collect();
     let out = run(
-        PolicySpec::fixed(1_000).with_max_wait(1_000).with_event_ids(8),
+        PolicySpec::fixed(1_000)
+            .with_max_wait(1_000)
+            .with_event_ids(8),
         &uploads,
     );
     assert_eq!(
@@ -1055,7 +1075,11 @@ fn a_manual_flush_lists_the_ids_and_a_cancel_drops_them() {
     engine.on_upload(800, &mut st, &with_id(800, Some("d")), &mut out);
     engine.on_time(100_000, &key("s"), &mut st, &mut out);
     assert_eq!(out.len(), 2);
-    assert_eq!(ids_of(&out[1]), Some((vec!["d"], 0)), "c went with the cancel");
+    assert_eq!(
+        ids_of(&out[1]),
+        Some((vec!["d"], 0)),
+        "c went with the cancel"
+    );
 }
 
 #[test]
@@ -1086,11 +1110,7 @@ fn a_rule_change_keeps_the_list_a_prefix_of_the_round() {
     let ids: Vec<_> = out.iter().map(ids_of).collect();
     assert_eq!(
         ids,
-        vec![
-            Some((vec!["a", "b"], 2)),
-            Some((vec!["e"], 1)),
-            None,
-        ]
+        vec![Some((vec!["a", "b"], 2)), Some((vec!["e"], 1)), None,]
     );
 }
 
@@ -1124,12 +1144,22 @@ fn event_ids_hold_ids_compactly() {
     // in spare capacity); the ids come back unchanged, any UTF-8, up to 128 bytes.
     let long = "x".repeat(128);
     let mut ids = EventIds::default();
-    for id in ["", "é🚀", long.as_str(), "0f8fad5b-d9cb-469f-a165-70867728950e"] {
+    for id in [
+        "",
+        "é🚀",
+        long.as_str(),
+        "0f8fad5b-d9cb-469f-a165-70867728950e",
+    ] {
         ids.push(id, 10);
     }
     assert_eq!(
         ids.iter().collect::<Vec<_>>(),
-        ["", "é🚀", long.as_str(), "0f8fad5b-d9cb-469f-a165-70867728950e"]
+        [
+            "",
+            "é🚀",
+            long.as_str(),
+            "0f8fad5b-d9cb-469f-a165-70867728950e"
+        ]
     );
     assert_eq!((ids.listed(), ids.dropped()), (4, 0));
     assert!(ids.heap_bytes() >= 4 + 6 + 128 + 36);

@@ -313,9 +313,7 @@ mod wire {
 
     /// The trailer fields after a value, `(tag, field bytes)` in order. Errors: a field cut
     /// short (the text says which; nothing is read after it).
-    fn trailer_fields(
-        mut bytes: &[u8],
-    ) -> impl Iterator<Item = Result<(u64, &[u8]), String>> + '_ {
+    fn trailer_fields(mut bytes: &[u8]) -> impl Iterator<Item = Result<(u64, &[u8]), String>> + '_ {
         std::iter::from_fn(move || {
             if bytes.is_empty() {
                 return None;
@@ -364,10 +362,11 @@ mod wire {
             match field.map_err(|e| format!("round {e}"))? {
                 (ROUND_POLICY, field) => {
                     let index = take_varint(field).map(|(v, _)| v);
-                    r.policy =
-                        Some(index.and_then(policy_of).ok_or_else(|| {
-                            format!("round trailer: unknown policy {index:?}")
-                        })?);
+                    r.policy = Some(
+                        index
+                            .and_then(policy_of)
+                            .ok_or_else(|| format!("round trailer: unknown policy {index:?}"))?,
+                    );
                 }
                 (EVENT_IDS, field) => {
                     let ids = read_event_ids(field).map_err(|e| format!("round trailer: {e}"))?;
@@ -724,7 +723,8 @@ mod tests {
             TIMER, 0x80, 0, 0, 0, 0, 0, 0x05, 0xDC, // timer 1500
             0xD0, 0x0F, 0x02, 0xD0, 0x0F, // created_at 1000, generation 2, last_upload_at
             0x01, 0x03, b'e', b'-', b'1', 0x00, // last_applied_event_id "e-1", no track
-            0x01, 0xD0, 0x0F, 0xB8, 0x17, 0x00, 0xE8, 0x07, // round: start, deadline, -, delay
+            0x01, 0xD0, 0x0F, 0xB8, 0x17, 0x00, 0xE8,
+            0x07, // round: start, deadline, -, delay
             0x01, 0x01, 0xD0, 0x0F, 0x01, 0xD0, 0x0F, // uploads 1, first and last at 1000
             0x01, 0x03, b'e', b'-', b'1', 0x00, 0x00, // last_event_id, no attributes, parts
             0x01, 0x01, 0x00, // trailer: policy fixed
@@ -759,8 +759,10 @@ mod tests {
             old_state
         );
         let old_outbox: &[u8] = &[
-            0x03, b't', b'/', b's', 0xD0, 0x0F, 0x02, 0x01, 0x01, // key, created, gen, trailing, 1 upload
-            0xD0, 0x0F, 0xD0, 0x0F, 0xB8, 0x17, 0xE8, 0x07, 0x00, // first, last, due, delay, fixed
+            0x03, b't', b'/', b's', 0xD0, 0x0F, 0x02, 0x01,
+            0x01, // key, created, gen, trailing, 1 upload
+            0xD0, 0x0F, 0xD0, 0x0F, 0xB8, 0x17, 0xE8, 0x07,
+            0x00, // first, last, due, delay, fixed
             0x01, 0x03, b'e', b'-', b'1', 0x00, // last_event_id, no attributes
         ];
         let emission = Emission {
@@ -807,12 +809,71 @@ mod tests {
         assert_eq!(&buf[old_outbox.len()..], field);
         assert_eq!(decode_emission(b"k", &buf).unwrap(), with);
         // Cut inside the ids, or an id that is not UTF-8: corrupt, named.
-        let err = decode_emission(b"k", &buf[..buf.len() - 2]).unwrap_err().to_string();
+        let err = decode_emission(b"k", &buf[..buf.len() - 2])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("outbox") && err.contains("cut short"), "{err}");
         let mut bad = buf.clone();
         *bad.last_mut().unwrap() = 0xFF;
         let err = decode_emission(b"k", &bad).unwrap_err().to_string();
         assert!(err.contains("event id"), "{err}");
+    }
+
+    /// What a round pays per event id held (the figures in README and BENCHMARKS.md):
+    /// `cargo test --lib event_ids_cost -- --nocapture` prints them.
+    #[test]
+    fn event_ids_cost_per_id() {
+        let uuid = |i: u32| format!("{i:08x}-9dad-4b6f-8a3e-2f6c1c0de{:03x}", i % 4096);
+        let round = |ids: Option<crate::engine::EventIds>| SessionState {
+            round: Some(Box::new(crate::engine::Round {
+                start: 1_767_225_600_000,
+                deadline: 1_767_225_605_000,
+                max_wait_at: None,
+                delay: 5_000,
+                uploads: 64,
+                first_upload_at: Some(1_767_225_600_000),
+                last_upload_at: Some(1_767_225_600_000),
+                last_event_id: Some(uuid(63)),
+                attributes: None,
+                parts: vec![],
+                policy: Some(PolicyName::Adaptive),
+                event_ids: ids.map(Box::new),
+            })),
+            ..SessionState::default()
+        };
+        let stored = |s: &SessionState| encode_session_into(Some(0), s, Vec::new()).unwrap().len();
+        let base = stored(&round(None));
+        let empty = stored(&round(Some(crate::engine::EventIds::default())));
+        for n in [1u32, 8, 64, 1_000] {
+            let mut ids = crate::engine::EventIds::default();
+            for i in 0..n {
+                ids.push(&uuid(i), n);
+            }
+            assert_eq!(uuid(n - 1).len(), 36);
+            let heap = ids.heap_bytes();
+            let disk = stored(&round(Some(ids))) - base;
+            // Stored: the field's tag, length, dropped and listed counts, then 1 + 36 per id.
+            assert!(
+                disk >= 37 * n as usize && disk <= 37 * n as usize + 8,
+                "{disk}"
+            );
+            // Memory: 1 + 36 per id, up to twice that with the buffer's spare capacity.
+            assert!(
+                heap >= 37 * n as usize && heap <= 2 * 37 * n as usize,
+                "{heap}"
+            );
+            println!(
+                "{n} ids of 36 bytes: stored +{disk} bytes ({:.1}/id), memory +{} bytes                  ({:.1}/id: buffer {heap} + 48 for the boxed list)",
+                disk as f64 / f64::from(n),
+                heap + 48,
+                (heap + 48) as f64 / f64::from(n),
+            );
+        }
+        println!(
+            "a round that keeps ids but has none: stored +{} bytes",
+            empty - base
+        );
+        assert_eq!(empty - base, 4);
     }
 
     #[test]

@@ -526,7 +526,11 @@ async fn an_override_of_event_ids_lists_the_tenants_ids_from_its_next_round() {
         Some(&json!({"version": 0, "event_ids": 100_001})),
     )
     .await;
-    assert_eq!((code, &answer["key"]), (400, &Value::from("event_ids")), "{answer}");
+    assert_eq!(
+        (code, &answer["key"]),
+        (400, &Value::from("event_ids")),
+        "{answer}"
+    );
 
     // Applied (it was stored and shown only before): 2 ids per round, fast rounds.
     let body = json!({"version": 0, "debounce": {"delay": "200ms"}, "event_ids": 2});

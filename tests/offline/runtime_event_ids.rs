@@ -9,9 +9,7 @@ use crate::runtime_support;
 use runtime_support::*;
 use settle::codec::format_rfc3339_ms;
 use settle::engine::{Emission, PolicySpec, SessionKey, Upload};
-use settle::runtime::Runtime;
 use std::collections::BTreeMap;
-use tokio_util::sync::CancellationToken;
 
 const DELAY: i64 = 1_000;
 
@@ -126,21 +124,7 @@ async fn a_new_owner_restores_the_event_ids_from_the_changelog() {
     f.broker.enable_changelog();
     let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let uploads = produce_rounds(&f, &["a", "b", "c", "d", "e", "f"]);
-    let start_member = |member: &str, dir: &std::path::Path, partitions: &[i32]| {
-        let runtime = Runtime::new(f.engine.clone(), f.broker.sink(), f.clock, options(dir))
-            .expect("valid options");
-        let status = runtime.status();
-        let shutdown = CancellationToken::new();
-        let task =
-            tokio::spawn(runtime.run(f.broker.source_with(member, partitions), shutdown.clone()));
-        Running {
-            status,
-            shutdown,
-            task,
-        }
-    };
-
-    let a = start_member("a", dir_a.path(), &[0, 1]);
+    let a = f.start_member("a", dir_a.path(), &[0, 1]);
     a.until(|m| {
         (0..2).all(|p| {
             m.get(&p)
@@ -151,7 +135,7 @@ async fn a_new_owner_restores_the_event_ids_from_the_changelog() {
     assert!(f.broker.output().is_empty(), "nothing is due yet");
     f.broker.revoke("a", &[0, 1]).await.unwrap();
 
-    let b = start_member("b", dir_b.path(), &[]);
+    let b = f.start_member("b", dir_b.path(), &[]);
     f.broker.assign("b", &[0, 1]);
     b.until(|m| all(m, 2, |s| s.is_idle() && s.published > 0))
         .await;
@@ -163,7 +147,16 @@ async fn a_new_owner_restores_the_event_ids_from_the_changelog() {
     assert_eq!(got, want);
     assert_eq!(
         want[0].1,
-        Some((vec!["a-1".into(), "a-2".into(), "a-3".into(), "a-4".into(), "a-5".into()], 0))
+        Some((
+            vec![
+                "a-1".into(),
+                "a-2".into(),
+                "a-3".into(),
+                "a-4".into(),
+                "a-5".into()
+            ],
+            0
+        ))
     );
     b.stop().await;
     a.stop().await;

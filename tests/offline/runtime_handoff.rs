@@ -18,22 +18,6 @@ use tokio_util::sync::CancellationToken;
 
 const DELAY: i64 = 10_000;
 
-/// Starts a runtime named `member` (its own memory source) with stores under `dir`, owning
-/// `partitions` at start.
-fn start_member(f: &Fixture, member: &str, dir: &Path, partitions: &[i32]) -> Running {
-    let runtime = Runtime::new(f.engine.clone(), f.broker.sink(), f.clock, options(dir))
-        .expect("valid options");
-    let status = runtime.status();
-    let shutdown = CancellationToken::new();
-    let task =
-        tokio::spawn(runtime.run(f.broker.source_with(member, partitions), shutdown.clone()));
-    Running {
-        status,
-        shutdown,
-        task,
-    }
-}
-
 /// Produces one upload for each of `sessions` sessions of tenant `acme` at the clock's now;
 /// returns the uploads (for the reference replay).
 fn produce_sessions(f: &Fixture, sessions: usize, tag: &str) -> Vec<Upload> {
@@ -81,7 +65,7 @@ async fn a_new_owner_restores_pending_rounds_and_the_offset_from_the_changelog()
     let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let uploads = produce_sessions(&f, 40, "s");
 
-    let a = start_member(&f, "a", dir_a.path(), &[0, 1]);
+    let a = f.start_member("a", dir_a.path(), &[0, 1]);
     a.until(applied_all(&f.broker, 2)).await;
     assert!(
         f.broker.output().is_empty(),
@@ -96,7 +80,7 @@ async fn a_new_owner_restores_pending_rounds_and_the_offset_from_the_changelog()
         );
     }
 
-    let b = start_member(&f, "b", dir_b.path(), &[]);
+    let b = f.start_member("b", dir_b.path(), &[]);
     f.broker.assign("b", &[0, 1]);
     b.until(|m| all(m, 2, |s| s.is_idle() && s.published > 0))
         .await;
@@ -126,7 +110,7 @@ async fn a_lost_partition_is_fenced_and_the_new_owner_publishes_what_is_owed() {
 
     // A fires every round while the sink is down: the emissions wait in its outbox.
     f.broker.set_sink_available(false);
-    let a = start_member(&f, "a", dir_a.path(), &[0]);
+    let a = f.start_member("a", dir_a.path(), &[0]);
     a.until(|m| all(m, 1, |s| s.outbox_len == 25 && s.pending_rounds == 0))
         .await;
     // The sink comes back and, before A's publisher retries (its backoff timer has not
@@ -143,7 +127,7 @@ async fn a_lost_partition_is_fenced_and_the_new_owner_publishes_what_is_owed() {
         "a fenced instance publishes nothing"
     );
 
-    let b = start_member(&f, "b", dir_b.path(), &[]);
+    let b = f.start_member("b", dir_b.path(), &[]);
     f.broker.assign("b", &[0]);
     b.until(|m| all(m, 1, |s| s.is_idle() && s.published == 25))
         .await;
@@ -164,7 +148,7 @@ async fn a_dirty_store_is_kept_unless_another_writer_appended_and_a_clean_restar
     let dir = tempfile::tempdir().unwrap();
     produce_sessions(&f, 10, "d");
 
-    let run = start_member(&f, "a", dir.path(), &[0]);
+    let run = f.start_member("a", dir.path(), &[0]);
     run.until(applied_all(&f.broker, 1)).await;
     run.stop().await;
     let logged = f.broker.changelog_records(0).len();
@@ -189,7 +173,7 @@ async fn a_dirty_store_is_kept_unless_another_writer_appended_and_a_clean_restar
     );
 
     // A clean restart reads nothing new from the changelog and keeps its store.
-    let run = start_member(&f, "a", dir.path(), &[0]);
+    let run = f.start_member("a", dir.path(), &[0]);
     run.until(|m| all(m, 1, |s| s.state == PartitionState::Live))
         .await;
     run.stop().await;
@@ -198,7 +182,7 @@ async fn a_dirty_store_is_kept_unless_another_writer_appended_and_a_clean_restar
     // Nobody else wrote the changelog since: the store is kept (a crash-restart resumes
     // exactly where its store is) and its state written to the changelog again.
     dirty_write(dir.path(), "late-1");
-    let run = start_member(&f, "a", dir.path(), &[0]);
+    let run = f.start_member("a", dir.path(), &[0]);
     run.until(|m| all(m, 1, |s| s.state == PartitionState::Live))
         .await;
     assert_eq!(
@@ -210,7 +194,7 @@ async fn a_dirty_store_is_kept_unless_another_writer_appended_and_a_clean_restar
     {
         // And it is on the changelog now: a new owner restores all 11.
         let fresh = tempfile::tempdir().unwrap();
-        let b = start_member(&f, "b", fresh.path(), &[0]);
+        let b = f.start_member("b", fresh.path(), &[0]);
         b.until(|m| all(m, 1, |s| s.state == PartitionState::Live))
             .await;
         assert_eq!(b.status.snapshot()[&0].pending_rounds, 11);
@@ -226,7 +210,7 @@ async fn a_dirty_store_is_kept_unless_another_writer_appended_and_a_clean_restar
     };
     let ack = f.broker.sink().append_changes(0, &[foreign]).unwrap();
     ack.await.unwrap();
-    let run = start_member(&f, "a", dir.path(), &[0]);
+    let run = f.start_member("a", dir.path(), &[0]);
     run.until(|m| all(m, 1, |s| s.state == PartitionState::Live))
         .await;
     let s = run.status.snapshot()[&0].clone();

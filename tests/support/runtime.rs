@@ -167,6 +167,29 @@ impl Fixture {
         start(&self.broker, self.engine.clone(), options, self.clock)
     }
 
+    /// Starts a runtime named `member` (its own memory source, as one instance of a
+    /// consumer group) with stores under `dir`, owning `partitions` at start.
+    pub fn start_member(&self, member: &str, dir: &Path, partitions: &[i32]) -> Running {
+        let runtime = Runtime::new(
+            self.engine.clone(),
+            self.broker.sink(),
+            self.clock,
+            options(dir),
+        )
+        .expect("valid options");
+        let status = runtime.status();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(runtime.run(
+            self.broker.source_with(member, partitions),
+            shutdown.clone(),
+        ));
+        Running {
+            status,
+            shutdown,
+            task,
+        }
+    }
+
     /// Opens the store of `partition` (the runtime must be stopped).
     pub fn store(&self, partition: i32) -> PartitionStore {
         open_store(self.dir.path(), partition)
