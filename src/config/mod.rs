@@ -1145,11 +1145,6 @@ mod tests {
             "debounce.event-ids",
             &["expected an integer 0 to 100000"],
         );
-        assert_err(
-            "[debounce]\nevent-ids = \"64\"",
-            "debounce.event-ids",
-            &["expected an integer 0 to 100000"],
-        );
     }
 
     #[test]

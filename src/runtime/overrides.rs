@@ -77,7 +77,8 @@ pub struct Override {
     pub tenant: String,
     /// Policy, parameters and max-wait, as `[debounce.tenants.NAME]` (`policy`, `delay`,
     /// `min-delay`, `max-delay`, `max-wait` with `"off"` for none, `state-ttl`,
-    /// `learn-initial-delay`, `event-ids`); unset keys are inherited from the config's rule of the tenant.
+    /// `learn-initial-delay`, `event-ids`); unset keys are inherited from the config's rule
+    /// of the tenant.
     #[serde(default, skip_serializing_if = "TenantOverride::is_empty")]
     pub debounce: TenantOverride,
     /// The tier the tenant is pinned to while the override is in force.

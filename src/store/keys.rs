@@ -382,8 +382,9 @@ mod wire {
     /// [`read_round_trailer`].
     pub(super) fn read_emission_trailer(bytes: &[u8], e: &mut Emission) -> Result<(), String> {
         for field in trailer_fields(bytes) {
-            if let (EVENT_IDS, field) = field.map_err(|e| format!("emission {e}"))? {
-                let ids = read_event_ids(field).map_err(|e| format!("emission trailer: {e}"))?;
+            if let (EVENT_IDS, field) = field.map_err(|err| format!("emission {err}"))? {
+                let ids =
+                    read_event_ids(field).map_err(|err| format!("emission trailer: {err}"))?;
                 e.event_ids = Some(Box::new(ids));
             }
         }
