@@ -24,7 +24,7 @@ pub mod nats;
 pub mod tiers;
 
 use crate::codec::validate_tenant;
-use crate::engine::{Millis, PolicyName, PolicySpec, PolicyTable, EVENT_IDS_MAX};
+use crate::engine::{Millis, PolicyName, PolicySpec, PolicyTable};
 use admin::AdminConfig;
 use figment::providers::{Env, Format, Toml};
 use figment::Figment;
@@ -117,7 +117,7 @@ pub struct DebounceConfig {
     pub learn_initial_delay: bool,
     /// `event-ids`, any policy: the ready record lists the first this many `event_id`s of
     /// the round's uploads and counts the rest (`event_ids`, `event_ids_dropped`, SEMANTICS
-    /// §2). Ids, 0 to [`EVENT_IDS_MAX`]; 0 (the default) lists none and leaves both fields out.
+    /// §2). Ids, 0 to [`EVENT_IDS_MAX`](crate::engine::EVENT_IDS_MAX); 0 (the default) lists none and leaves both fields out.
     pub event_ids: u32,
     /// `[debounce.tenants.NAME]`: per-tenant overrides, by tenant name (SEMANTICS §2 alphabet).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
@@ -856,6 +856,7 @@ mod tenant_max_wait {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::EVENT_IDS_MAX;
 
     fn err(toml: &str) -> ConfigError {
         match Config::from_toml_str(toml) {
