@@ -864,7 +864,8 @@ mod tests {
                 "{heap}"
             );
             println!(
-                "{n} ids of 36 bytes: stored +{disk} bytes ({:.1}/id), memory +{} bytes                  ({:.1}/id: buffer {heap} + 48 for the boxed list)",
+                "{n} ids of 36 bytes: stored +{disk} bytes ({:.1}/id), memory +{} bytes \
+                 ({:.1}/id: buffer {heap} + 48 for the boxed list)",
                 disk as f64 / f64::from(n),
                 heap + 48,
                 (heap + 48) as f64 / f64::from(n),
