@@ -267,13 +267,17 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             config,
             partitions,
         } => {
-            cli::run_file::run(cli::run_file::RunFileArgs {
+            let report = cli::run_file::run(cli::run_file::RunFileArgs {
                 input,
                 data_dir,
                 output,
                 config,
                 partitions,
             })?;
+            // With [[shadow]]: one JSON line per policy (live first).
+            for figures in &report.shadows {
+                println!("{}", serde_json::to_string(figures)?);
+            }
         }
         Command::Simulate {
             config,

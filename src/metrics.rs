@@ -11,7 +11,8 @@
 //!
 //! Bounded only: `topic`, `partition`, `tier`, `trigger`, `policy`, `reason` (a
 //! `codec::DecodeError::reason` code or a `tiers::ChangeReason`), `state` (partition life
-//! cycle), `version` and `change` (a tenant override change). Never a tenant or session id:
+//! cycle), `version`, `change` (a tenant override change), `shadow` (a `[[shadow]]` name, at
+//! most `engine::shadow::MAX_SHADOWS`, or `live`) and `quantile` (`0.5`, `0.99`). Never a tenant or session id:
 //! a tenant's figures are on the admin endpoint `/v1/tenants/{tenant}`.
 //!
 //! # Where each figure comes from
@@ -25,11 +26,14 @@
 //! * Gauges (pending rounds, outbox size, consumer lag, partition clock, partitions by state,
 //!   restore) and the tier figures are refreshed at scrape time ([`Metrics::refresh`]) from
 //!   what the runtime hands over: one [`PartitionGauges`] per partition of its status board
-//!   and the tier router's counters. This module knows nothing of the runtime.
+//!   and the tier router's counters. So are the shadow policies' figures
+//!   ([`Metrics::refresh_shadows`], SEMANTICS §8): the partitions' figures added up, which
+//!   start again when a partition is assigned (hence gauges, not counters). This module
+//!   knows nothing of the runtime.
 //!
 //! Units: seconds for durations (Prometheus convention), records for lag, counts otherwise.
 
-use crate::engine::{Emission, Millis, PolicyName, Trigger};
+use crate::engine::{Emission, Figures, Millis, PolicyName, Trigger};
 use crate::tiers::{ChangeReason, TierCounters};
 use prometheus::core::Collector;
 use prometheus::{
@@ -109,6 +113,30 @@ pub const OVERRIDES: &str = "settle_overrides";
 /// (a new or updated override applied), `removed` (deleted through the API), `expired`
 /// (its expiry passed), `refused` (a request refused: stale version, invalid override).
 pub const OVERRIDE_CHANGES: &str = "settle_override_changes_total";
+
+/// Gauge `{shadow, tier}`: emissions of the live policy (`shadow="live"`, `manual` ones
+/// left out) and would-be emissions of each `[[shadow]]` policy since
+/// [`SHADOW_SINCE`] (SEMANTICS §8).
+pub const SHADOW_EMISSIONS: &str = "settle_shadow_emissions";
+/// Gauge `{shadow, tier}`: uploads in those emissions (their `uploads` summed).
+pub const SHADOW_UPLOADS: &str = "settle_shadow_uploads";
+/// Gauge `{shadow, tier}`: [`SHADOW_UPLOADS`] / [`SHADOW_EMISSIONS`] (0 before the first).
+pub const SHADOW_UPLOADS_PER_EMISSION: &str = "settle_shadow_uploads_per_emission";
+/// Gauge `{shadow, tier, quantile}`, seconds: time-to-ready `due_at − last_upload_at` of those
+/// emissions at quantile `0.5` and `0.99` (as `settle tune` computes it).
+pub const SHADOW_TIME_TO_READY: &str = "settle_shadow_time_to_ready_seconds";
+/// Gauge `{shadow}`: session keys a shadow policy holds now (its memory, bounded by
+/// `runtime.shadow-max-sessions` per partition).
+pub const SHADOW_SESSIONS: &str = "settle_shadow_sessions";
+/// Gauge `{shadow}`: sessions a shadow policy could not follow within its budget since
+/// [`SHADOW_SINCE`] (its figures leave them out).
+pub const SHADOW_REFUSED_SESSIONS: &str = "settle_shadow_refused_sessions";
+/// Gauge, seconds since the epoch: when the shadow figures start (the earliest assignment of
+/// a partition counted); 0 without `[[shadow]]` or before a partition is assigned.
+pub const SHADOW_SINCE: &str = "settle_shadow_since_seconds";
+
+/// The `quantile` label values of [`SHADOW_TIME_TO_READY`] and the quantiles they are.
+const SHADOW_QUANTILES: [&str; 2] = ["0.5", "0.99"];
 
 /// Every value of the `change` label of [`OVERRIDE_CHANGES`].
 pub const OVERRIDE_CHANGE_KINDS: [&str; 4] = ["set", "removed", "expired", "refused"];
@@ -226,6 +254,13 @@ struct Inner {
     admin_refused: IntCounterVec,
     partitions_unowned: IntGauge,
     instances_disagreeing: IntGauge,
+    shadow_emissions: IntGaugeVec,
+    shadow_uploads: IntGaugeVec,
+    shadow_uploads_per_emission: GaugeVec,
+    shadow_time_to_ready: GaugeVec,
+    shadow_sessions: IntGaugeVec,
+    shadow_refused: IntGaugeVec,
+    shadow_since: Gauge,
     /// Acknowledged emissions and the uploads in them (for [`COALESCING_RATIO`]).
     emitted: AtomicU64,
     coalesced: AtomicU64,
@@ -448,6 +483,48 @@ impl Metrics {
         for change in OVERRIDE_CHANGE_KINDS {
             override_changes.with_label_values(&[change]);
         }
+        let shadow_emissions = b.gauge(
+            SHADOW_EMISSIONS,
+            "Emissions of the live policy (shadow=\"live\") and would-be emissions of each shadow policy, by tier, since settle_shadow_since_seconds (SEMANTICS §8).",
+            &["shadow", "tier"],
+        );
+        let shadow_uploads = b.gauge(
+            SHADOW_UPLOADS,
+            "Uploads in those emissions, by shadow policy (or live) and tier.",
+            &["shadow", "tier"],
+        );
+        let float_gauge = |b: &mut Builder, name: &str, help: &str, labels: &[&str]| {
+            b.add(GaugeVec::new(Opts::new(name, help), labels).expect("valid metric"))
+        };
+        let shadow_uploads_per_emission = float_gauge(
+            &mut b,
+            SHADOW_UPLOADS_PER_EMISSION,
+            "Uploads per emission of the live policy and of each shadow policy, by tier (0 before the first).",
+            &["shadow", "tier"],
+        );
+        let shadow_time_to_ready = float_gauge(
+            &mut b,
+            SHADOW_TIME_TO_READY,
+            "Time-to-ready (due_at - last_upload_at) of the live policy's and each shadow policy's emissions, seconds, at quantile 0.5 and 0.99, by tier.",
+            &["shadow", "tier", "quantile"],
+        );
+        let shadow_sessions = b.gauge(
+            SHADOW_SESSIONS,
+            "Session keys each shadow policy holds now (bounded by runtime.shadow-max-sessions per partition).",
+            &["shadow"],
+        );
+        let shadow_refused = b.gauge(
+            SHADOW_REFUSED_SESSIONS,
+            "Sessions each shadow policy could not follow within runtime.shadow-max-sessions (left out of its figures).",
+            &["shadow"],
+        );
+        let shadow_since = b.add(
+            Gauge::new(
+                SHADOW_SINCE,
+                "When the shadow figures start: seconds since the epoch of the earliest partition assignment counted.",
+            )
+            .expect("valid metric"),
+        );
         Metrics {
             inner: Arc::new(Inner {
                 registry: b.registry,
@@ -478,6 +555,13 @@ impl Metrics {
                 admin_refused,
                 partitions_unowned,
                 instances_disagreeing,
+                shadow_emissions,
+                shadow_uploads,
+                shadow_uploads_per_emission,
+                shadow_time_to_ready,
+                shadow_sessions,
+                shadow_refused,
+                shadow_since,
                 emitted: AtomicU64::new(0),
                 coalesced: AtomicU64::new(0),
                 refreshing: Mutex::new(()),
@@ -604,6 +688,62 @@ impl Metrics {
         } else {
             coalesced as f64 / emitted as f64
         });
+    }
+
+    /// Sets the `settle_shadow_*` gauges (SEMANTICS §8) from `policies`: the live policy's
+    /// figures (named `live`) and each shadow's, added up over the partitions, whose figures
+    /// start at `since` (ms since the epoch; `None`: no partition, the series are removed).
+    /// `tiers` are the tier names in tier-list order (the index of `Figures::tiers`). Call
+    /// before encoding a scrape.
+    pub fn refresh_shadows<'a>(
+        &self,
+        tiers: &[&str],
+        policies: impl IntoIterator<Item = (&'a str, &'a Figures)>,
+        since: Option<Millis>,
+    ) {
+        let m = &*self.inner;
+        let _guard = m.refreshing.lock().unwrap_or_else(PoisonError::into_inner);
+        m.shadow_emissions.reset();
+        m.shadow_uploads.reset();
+        m.shadow_uploads_per_emission.reset();
+        m.shadow_time_to_ready.reset();
+        m.shadow_sessions.reset();
+        m.shadow_refused.reset();
+        let Some(since) = since else {
+            m.shadow_since.set(0.0);
+            return;
+        };
+        m.shadow_since.set(since as f64 / 1000.0);
+        let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        for (name, f) in policies {
+            if name != crate::engine::LIVE {
+                m.shadow_sessions
+                    .with_label_values(&[name])
+                    .set(gauge(f.sessions));
+                m.shadow_refused
+                    .with_label_values(&[name])
+                    .set(gauge(f.refused_sessions));
+            }
+            for (i, tier) in tiers.iter().enumerate() {
+                let t = f.tier(i);
+                let labels = [name, tier];
+                m.shadow_emissions
+                    .with_label_values(&labels)
+                    .set(gauge(t.emissions));
+                m.shadow_uploads
+                    .with_label_values(&labels)
+                    .set(gauge(t.uploads));
+                m.shadow_uploads_per_emission
+                    .with_label_values(&labels)
+                    .set(t.uploads_per_emission());
+                let p = t.time_to_ready.percentiles();
+                for (q, ms) in SHADOW_QUANTILES.iter().zip([p.p50, p.p99]) {
+                    m.shadow_time_to_ready
+                        .with_label_values(&[name, tier, q])
+                        .set(ms as f64 / 1000.0);
+                }
+            }
+        }
     }
 
     /// Sets [`OVERRIDES`]: `n` tenant overrides are in force.
@@ -808,7 +948,51 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), n);
-        assert_eq!(n, 27);
+        assert_eq!(n, 34);
+    }
+
+    #[test]
+    fn shadow_gauges_show_each_policy_by_tier() {
+        let m = Metrics::new();
+        let mut f = Figures::default();
+        let e = Emission {
+            key: SessionKey::new("t", "s"),
+            state_created_at: 0,
+            generation: 1,
+            trigger: Trigger::Trailing,
+            uploads: 4,
+            first_upload_at: 1_000,
+            last_upload_at: 2_000,
+            due_at: 32_000,
+            delay_ms: 30_000,
+            policy: PolicyName::Fixed,
+            last_event_id: None,
+            attributes: None,
+        };
+        f.record(1, &e);
+        f.refused_sessions = 3;
+        m.refresh_shadows(
+            &["normal", "limited"],
+            [("live", &Figures::default()), ("slow", &f)],
+            Some(1_700_000_000_000),
+        );
+        let text = m.encode();
+        for (series, want) in [
+            (r#"settle_shadow_emissions{shadow="slow",tier="limited"}"#, 1.0),
+            (r#"settle_shadow_emissions{shadow="live",tier="normal"}"#, 0.0),
+            (r#"settle_shadow_uploads_per_emission{shadow="slow",tier="limited"}"#, 4.0),
+            (
+                r#"settle_shadow_time_to_ready_seconds{quantile="0.99",shadow="slow",tier="limited"}"#,
+                30.0,
+            ),
+            (r#"settle_shadow_refused_sessions{shadow="slow"}"#, 3.0),
+            ("settle_shadow_since_seconds", 1_700_000_000.0),
+        ] {
+            assert_eq!(sample(&text, series), Some(want), "{series} in\n{text}");
+        }
+        assert!(!text.contains(r#"settle_shadow_sessions{shadow="live"}"#));
+        m.refresh_shadows(&["normal"], [], None);
+        assert!(!m.encode().contains("settle_shadow_emissions{"));
     }
 
     #[test]

@@ -74,6 +74,14 @@ fn shipped_file_examples_parse_when_uncommented() {
     assert_eq!(acme.name, PolicyName::Fixed);
     assert_eq!(acme.delay, 500);
     assert_eq!(acme.max_wait, Some(1_800_000));
+    // The [[shadow]] example: inherits max-wait from [debounce], not acme's delay.
+    let shadows = c.shadow_specs();
+    assert_eq!(shadows.len(), 1);
+    assert_eq!(shadows[0].name, "fixed-30s");
+    assert_eq!(shadows[0].policy.name, PolicyName::Fixed);
+    assert_eq!(shadows[0].policy.delay, 30_000);
+    assert_eq!(shadows[0].policy.max_wait, Some(1_800_000));
+    assert_eq!(shadows[0].max_sessions, 100_000);
 }
 
 #[test]
@@ -111,12 +119,13 @@ fn shipped_file_documents_every_key_with_its_env_var() {
             keys += 1;
         }
     }
-    // transport 1, debounce 7 (max-wait unset), store 4, runtime 4, admin 4 (tokens and
+    // transport 1, debounce 7 (max-wait unset), store 4, runtime 5, admin 4 (tokens and
     // TLS files unset), kafka 6 (changelog-topic and tier-counts-topic unset), nats 17 (auth
     // and TLS files unset; changelog-stream, changelog-subject-prefix, tier-counts-bucket,
     // overrides-bucket unset: derived; heartbeat-interval), tiers 6 (demote-to unset;
-    // share-interval), 2 tiers × 2.
-    assert_eq!(keys, 53);
+    // share-interval), 2 tiers × 2; no [[shadow]] (commented out).
+    assert_eq!(keys, 54);
+    assert!(text.contains("SETTLE_RUNTIME__SHADOW_MAX_SESSIONS"));
     assert!(text.contains("SETTLE_DEBOUNCE__MAX_WAIT"));
     assert!(text.contains("SETTLE_TIERS__DEMOTE_TO"));
     assert!(text.contains("SETTLE_KAFKA__CHANGELOG_TOPIC"));

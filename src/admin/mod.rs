@@ -9,7 +9,7 @@
 //!
 //! | endpoint | answer |
 //! |---|---|
-//! | `GET /metrics` | every metric of `crate::metrics`, Prometheus text format; gauges refreshed from the status board and the tier router at each scrape |
+//! | `GET /metrics` | every metric of `crate::metrics`, Prometheus text format; gauges refreshed from the status board, the tier router and the shadow policies at each scrape |
 //! | `GET /healthz` | 200 while the process serves HTTP (liveness) |
 //! | `GET /readyz` | 200 when at least one partition is assigned and every owned partition has its store open and is not restoring (catching up or live); 503 otherwise, with the reason |
 //! | `GET /v1/partitions` | owned partitions: state, next offset, lag, partition time and how far behind the wall clock it is, pending rounds, outbox, next due time, counters |
@@ -23,6 +23,7 @@
 //! | `GET /v1/overrides` | every tenant's override (version, expiry, in force or not), the config's rule of each tenant and which wins |
 //! | `GET /v1/audit?limit=N&stage=S` | the latest audit records known here (written here or read back from the audit topic), newest first: `limit` 1–1000 (default 50), `stage` `accepted`, `refused` or `applied` |
 //! | `POST /v1/whoami` | the caller's credential name and role (needs a token of either role when tokens are configured), and whether actions are on and reads protected |
+//! | `GET /v1/shadow` | the `[[shadow]]` policies beside the live one (SEMANTICS §8): per policy and tier, emissions (would-be, for a shadow), uploads per emission, time-to-ready p50/p99 (`due_at − last_upload_at`, ms, as `settle tune` has it); each shadow's sessions held and refused within `runtime.shadow-max-sessions`; when the figures start (`since`, per partition: they start empty at each assignment) |
 //! | `GET /v1/sessions/{tenant}/{session}` | the session's CallTrack, open round and next due time, asked of the partition task that holds it (SEMANTICS §4); 404 when no partition owned here holds it |
 //!
 //! Errors are JSON `{"error": "..."}`: 400 for a path segment that is not a valid tenant or
@@ -47,7 +48,7 @@ use crate::engine::Millis;
 use crate::metrics::Metrics;
 use crate::runtime::{
     ActionLog, Clock, Overrides, PartitionState, PartitionStatus, Runtime, SessionLookup,
-    StatusBoard, StatusMap,
+    ShadowBoard, StatusBoard, StatusMap,
 };
 use crate::tiers::{SharedRouter, TiersConfig};
 use crate::transport::{ActionChannel, Sink};
@@ -88,6 +89,8 @@ pub struct AdminState {
     overrides: Overrides,
     /// Who may call what ([`auth`]).
     auth: Auth,
+    /// The shadow policies' figures (SEMANTICS §8).
+    shadows: ShadowBoard,
 }
 
 impl AdminState {
@@ -105,6 +108,7 @@ impl AdminState {
             channel: None,
             overrides: runtime.overrides(),
             auth: Auth::default(),
+            shadows: runtime.shadows(),
         }
     }
 
@@ -137,6 +141,7 @@ pub fn router(state: AdminState) -> axum::Router {
             axum::routing::put(overrides::put).delete(overrides::delete),
         )
         .route("/v1/overrides", get(overrides::list))
+        .route("/v1/shadow", get(views::shadow))
         .route("/v1/pending", get(pending::list))
         .route("/v1/pending/summary", get(pending::summary))
         .route("/v1/actions", axum::routing::post(actions::post))
@@ -212,7 +217,7 @@ impl AdminServer {
             None => serve(listener, app, shutdown),
             Some(config) => serve(tls::TlsListener::new(listener, config)?, app, shutdown),
         };
-        tracing::info!(%addr, scheme, tokens, actions, protect_reads, "admin server listening: /metrics /healthz /readyz /v1/partitions /v1/pending /v1/pending/summary /v1/actions /v1/audit /v1/whoami /v1/tenants/{{tenant}} /v1/tenants/{{tenant}}/override /v1/overrides /v1/sessions/{{tenant}}/{{session}}");
+        tracing::info!(%addr, scheme, tokens, actions, protect_reads, "admin server listening: /metrics /healthz /readyz /v1/partitions /v1/pending /v1/pending/summary /v1/actions /v1/audit /v1/whoami /v1/tenants/{{tenant}} /v1/tenants/{{tenant}}/override /v1/overrides /v1/shadow /v1/sessions/{{tenant}}/{{session}}");
         Ok(AdminServer { addr, stop, task })
     }
 
@@ -294,6 +299,14 @@ async fn metrics(State(s): State<AdminState>) -> Response {
     let status = s.status.snapshot();
     s.metrics
         .refresh(status.values().map(|p| p.gauges(now)), &counters);
+    if !s.shadows.is_empty() {
+        let snap = s.shadows.snapshot();
+        let tiers: Vec<&str> = s.router.tiers().tiers().map(|(name, _)| name).collect();
+        let live = std::iter::once((crate::engine::LIVE, &snap.live));
+        let shadows = snap.shadows.iter().map(|(spec, f)| (spec.name.as_str(), f));
+        s.metrics
+            .refresh_shadows(&tiers, live.chain(shadows), snap.since());
+    }
     (
         [(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)],
         s.metrics.encode(),

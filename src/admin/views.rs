@@ -1,9 +1,9 @@
 //! The read-only views of `settle run`'s admin API: `/v1/partitions`, `/v1/tenants/{tenant}`,
-//! `/v1/sessions/{tenant}/{session}` (JSON; see the table in `crate::admin`).
+//! `/v1/sessions/{tenant}/{session}`, `/v1/shadow` (JSON; see the table in `crate::admin`).
 
 use super::{error, rfc3339, AdminState, SESSION_LOOKUP_TIMEOUT};
 use crate::codec::{validate_session, validate_tenant};
-use crate::engine::{Millis, SessionKey};
+use crate::engine::{Figures, Millis, SessionKey, TierFigures, LIVE};
 use crate::runtime::{Lookup, PartitionState, PartitionStatus, SessionView};
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
@@ -48,6 +48,62 @@ pub(super) async fn partitions(State(s): State<AdminState>) -> Response {
         .map(|p| partition_json(p, now))
         .collect();
     Json(json!({ "partitions": list })).into_response()
+}
+
+fn tier_figures_json(t: &TierFigures) -> Value {
+    let p = t.time_to_ready.percentiles();
+    json!({
+        "emissions": t.emissions,
+        "uploads": t.uploads,
+        "uploads_per_emission": t.uploads_per_emission(),
+        "time_to_ready_ms": { "p50": p.p50, "p99": p.p99 },
+    })
+}
+
+fn figures_json(f: &Figures, tiers: &[&str]) -> Value {
+    let by_tier: serde_json::Map<String, Value> = tiers
+        .iter()
+        .enumerate()
+        .map(|(i, name)| ((*name).to_owned(), tier_figures_json(&f.tier(i))))
+        .collect();
+    json!({ "total": tier_figures_json(&f.total()), "tiers": by_tier })
+}
+
+/// `GET /v1/shadow` (SEMANTICS §8): the live policy's figures and each `[[shadow]]` policy's,
+/// side by side, added up over the partitions owned here, with the time they start from.
+pub(super) async fn shadow(State(s): State<AdminState>) -> Response {
+    let snap = s.shadows.snapshot();
+    let tiers: Vec<&str> = s.router.tiers().tiers().map(|(name, _)| name).collect();
+    let rules = s.overrides.rules_in_force();
+    let mut policies = vec![json!({
+        "name": LIVE,
+        "rule": rules.default.to_string(),
+        "tenant_rules": rules.tenants.len(),
+        "figures": figures_json(&snap.live, &tiers),
+    })];
+    for (spec, f) in &snap.shadows {
+        policies.push(json!({
+            "name": spec.name,
+            "rule": spec.policy.to_string(),
+            "max_sessions": spec.max_sessions,
+            "sessions": f.sessions,
+            "refused_sessions": f.refused_sessions,
+            "refused_uploads": f.refused_uploads,
+            "figures": figures_json(f, &tiers),
+        }));
+    }
+    Json(json!({
+        "configured": !s.shadows.is_empty(),
+        "since": snap.since().map(rfc3339),
+        "partitions": snap.partitions.iter().map(|(p, since)| json!({
+            "partition": p,
+            "since": rfc3339(*since),
+        })).collect::<Vec<_>>(),
+        "tiers": tiers,
+        "time_to_ready": "due_at - last_upload_at, ms: as settle tune computes it",
+        "policies": if s.shadows.is_empty() { Vec::new() } else { policies },
+    }))
+    .into_response()
 }
 
 /// The tenant of a path, or why it is not one (answered with 400).

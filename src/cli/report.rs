@@ -2,13 +2,12 @@
 //! emissions, coalescing ratio, time-to-ready and lateness percentiles, emissions per trigger.
 //!
 //! Time-to-ready = `emitted_at − last_upload_at` (ms); lateness = `emitted_at − due_at` (ms),
-//! SEMANTICS §3. Percentiles come from an HDR histogram (3 significant digits: each is the
-//! middle of its bucket, within 0.05 % of a recorded value, and never outside the exact
-//! smallest and largest values recorded, so a run whose values are all 300 000 ms reports
-//! 300 000 ms); the maximum is exact. [`human_ms`] rounds to the unit it prints.
+//! SEMANTICS §3. Percentiles come from an [`engine::Spread`](crate::engine::Spread) (an HDR
+//! histogram, 3 significant digits, with the exact smallest and largest values; the shadow
+//! policies of `settle run` use the same, SEMANTICS §8); the maximum is exact. [`human_ms`] rounds to the unit it prints.
 
-use crate::engine::{Emission, Millis, Trigger};
-use hdrhistogram::Histogram;
+pub use crate::engine::Percentiles;
+use crate::engine::{Emission, Millis, Spread, Trigger};
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -31,73 +30,10 @@ pub struct RunStats {
     lateness: Spread,
 }
 
-/// A histogram of ms figures and the exact smallest and largest (module docs).
-#[derive(Clone, Debug)]
-struct Spread {
-    hist: Histogram<u64>,
-    min: u64,
-    max: u64,
-}
-
-impl Spread {
-    fn new() -> Spread {
-        Spread {
-            // Invariant: 3 significant figures is a valid precision, so `new` cannot fail.
-            hist: Histogram::new(3).expect("valid histogram precision"),
-            min: u64::MAX,
-            max: 0,
-        }
-    }
-
-    fn record(&mut self, ms: u64) {
-        // Auto-resizing histograms grow to any u64, so `record` cannot fail on range.
-        let _ = self.hist.record(ms);
-        self.min = self.min.min(ms);
-        self.max = self.max.max(ms);
-    }
-
-    fn add(&mut self, other: &Spread) {
-        // Both histograms auto-resize, so adding cannot fail on range; ignore the impossible.
-        let _ = self.hist.add(&other.hist);
-        self.min = self.min.min(other.min);
-        self.max = self.max.max(other.max);
-    }
-
-    fn percentiles(&self) -> Percentiles {
-        let h = &self.hist;
-        if h.is_empty() {
-            return Percentiles::default();
-        }
-        let q = |x: f64| {
-            h.median_equivalent(h.value_at_quantile(x))
-                .clamp(self.min, self.max)
-        };
-        Percentiles {
-            p50: q(0.50),
-            p90: q(0.90),
-            p99: q(0.99),
-            max: self.max,
-        }
-    }
-}
-
 impl Default for RunStats {
     fn default() -> Self {
         Self::new()
     }
-}
-
-/// Time-to-ready / lateness percentiles (ms).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct Percentiles {
-    /// Median (ms).
-    pub p50: u64,
-    /// 90th percentile (ms).
-    pub p90: u64,
-    /// 99th percentile (ms).
-    pub p99: u64,
-    /// Largest value (ms).
-    pub max: u64,
 }
 
 impl RunStats {

@@ -6,9 +6,16 @@
 //!
 //! Trace format: the `settle simulate` one (an upload record per line plus `"ts"`, epoch ms
 //! or RFC 3339, used as the record timestamp, and an optional `"partition"`).
+//!
+//! With `[[shadow]]` policies in the config (SEMANTICS §8), the run ends with their figures
+//! and the live policy's, as the partitions had them when all were idle
+//! ([`RunFileReport::shadows`]; `settle run-file` prints them as JSON lines): on a trace
+//! whose times are in the past every round has fired by then, so a shadow's figures are
+//! those `settle tune` computes for its policy on the trace (time-to-ready
+//! `due_at − last_upload_at`, `engine::shadow`).
 
 use crate::config::Config;
-use crate::engine::Engine;
+use crate::engine::{Engine, Figures, Percentiles, LIVE};
 use crate::runtime::{Runtime, RuntimeOptions, SystemClock};
 use crate::service::shutdown_on_signals;
 use crate::transport::memory::MemoryBroker;
@@ -48,6 +55,38 @@ pub struct RunFileReport {
     pub published: u64,
     /// Records dead-lettered by this run.
     pub dead_letters: u64,
+    /// With `[[shadow]]`: the live policy's figures (named `live`), then each shadow's, in
+    /// config order, as the partitions had them once all were idle (module docs). Empty
+    /// without `[[shadow]]`, or when the run stopped before.
+    pub shadows: Vec<PolicyFigures>,
+}
+
+/// One policy's figures over a `run-file` run (SEMANTICS §8), all tiers together.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct PolicyFigures {
+    /// `live`, or the shadow's name.
+    pub name: String,
+    /// Emissions (would-be, for a shadow); `manual` ones left out.
+    pub emissions: u64,
+    /// Uploads in them.
+    pub uploads: u64,
+    /// Time-to-ready `due_at − last_upload_at` percentiles (ms).
+    pub time_to_ready_ms: Percentiles,
+    /// Sessions the shadow could not follow within `runtime.shadow-max-sessions`.
+    pub refused_sessions: u64,
+}
+
+impl PolicyFigures {
+    fn new(name: &str, f: &Figures) -> Self {
+        let total = f.total();
+        PolicyFigures {
+            name: name.to_owned(),
+            emissions: total.emissions,
+            uploads: total.uploads,
+            time_to_ready_ms: total.time_to_ready.percentiles(),
+            refused_sessions: f.refused_sessions,
+        }
+    }
 }
 
 /// Runs the trace to the end (builds its own tokio runtime). Stops early and gracefully on
@@ -79,14 +118,18 @@ async fn run_async(args: RunFileArgs) -> anyhow::Result<RunFileReport> {
         broker.sink(),
         SystemClock,
         options,
-    )?;
+    )?
+    .with_shadows(config.shadow_specs());
     let status = runtime.status();
+    let board = runtime.shadows();
+    let shadows = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let shutdown = CancellationToken::new();
     let signals =
         shutdown_on_signals(shutdown.clone(), None).context("cannot install signal handlers")?;
     let n = broker.partitions();
     let done = {
         let shutdown = shutdown.clone();
+        let shadows = std::sync::Arc::clone(&shadows);
         tokio::spawn(async move {
             status
                 .wait_for(|m| {
@@ -94,6 +137,15 @@ async fn run_async(args: RunFileArgs) -> anyhow::Result<RunFileReport> {
                         || (0..n).all(|p| m.get(&p).is_some_and(|s| s.is_idle()))
                 })
                 .await;
+            if !board.is_empty() {
+                // Before the stop: a partition's shadows go with its task.
+                let snap = board.snapshot();
+                let mut figures = vec![PolicyFigures::new(LIVE, &snap.live)];
+                for (spec, f) in &snap.shadows {
+                    figures.push(PolicyFigures::new(&spec.name, f));
+                }
+                *shadows.lock().unwrap_or_else(|e| e.into_inner()) = figures;
+            }
             shutdown.cancel();
         })
     };
@@ -116,5 +168,6 @@ async fn run_async(args: RunFileArgs) -> anyhow::Result<RunFileReport> {
         skipped: load.skipped,
         published: broker.output_len() as u64,
         dead_letters: broker.dead_letters().len() as u64,
+        shadows: std::mem::take(&mut *shadows.lock().unwrap_or_else(|e| e.into_inner())),
     })
 }

@@ -21,15 +21,18 @@
 pub mod admin;
 pub mod kafka;
 pub mod nats;
+pub mod shadow;
 pub mod tiers;
 
 use crate::codec::validate_tenant;
 use crate::engine::{Millis, PolicyName, PolicySpec, PolicyTable};
+use crate::engine::shadow::{ShadowSpec, DEFAULT_MAX_SESSIONS};
 use admin::AdminConfig;
 use figment::providers::{Env, Format, Toml};
 use figment::Figment;
 use kafka::KafkaConfig;
 use nats::NatsConfig;
+use shadow::ShadowConfig;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -64,6 +67,10 @@ pub struct Config {
     pub nats: NatsConfig,
     /// `[tiers]`: output tiers, their topics and the per-tenant demotion rule (SEMANTICS §5).
     pub tiers: TiersConfig,
+    /// `[[shadow]]`: candidate policies run on live traffic beside the live one, emitting
+    /// nothing (SEMANTICS §8; at most `engine::shadow::MAX_SHADOWS`). Default: none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub shadow: Vec<ShadowConfig>,
 }
 
 /// `transport`: which broker `settle run` reads uploads from and publishes to.
@@ -251,6 +258,10 @@ pub struct RuntimeConfig {
     /// (1 ms – 60 s, default 100 ms).
     #[serde(with = "duration")]
     pub idle_tick: Duration,
+    /// `shadow-max-sessions`: memory budget of each `[[shadow]]` policy in each partition:
+    /// most session keys it follows (keys, 1–10 000 000, default 100 000; about 200 bytes
+    /// plus the key each). Sessions that do not fit are counted, not followed (SEMANTICS §8).
+    pub shadow_max_sessions: u32,
 }
 
 impl Default for RuntimeConfig {
@@ -260,6 +271,7 @@ impl Default for RuntimeConfig {
             shutdown_deadline: Duration::from_secs(30),
             batch_size: 1000,
             idle_tick: Duration::from_millis(100),
+            shadow_max_sessions: DEFAULT_MAX_SESSIONS,
         }
     }
 }
@@ -464,7 +476,18 @@ impl Config {
         });
         nats?;
         self.admin.validate()?;
+        shadow::validate(&self.shadow, &self.debounce)?;
         Ok(self.tiers.validate()?)
+    }
+
+    /// The `[[shadow]]` policies in engine form (SEMANTICS §8): keys not set inherited from
+    /// `[debounce]`, budget `runtime.shadow-max-sessions`. Empty without `[[shadow]]`.
+    pub fn shadow_specs(&self) -> Vec<ShadowSpec> {
+        shadow::specs(
+            &self.shadow,
+            &self.debounce,
+            self.runtime.shadow_max_sessions,
+        )
     }
 
     /// The policies in engine form (ms): `[debounce]` as the default and one entry per
@@ -588,7 +611,12 @@ impl RuntimeConfig {
             60 * 60 * 1000,
             "1h",
         )?;
-        check_duration("runtime.idle-tick", self.idle_tick, 60 * 1000, "60s")
+        check_duration("runtime.idle-tick", self.idle_tick, 60 * 1000, "60s")?;
+        check_int(
+            "runtime.shadow-max-sessions",
+            self.shadow_max_sessions,
+            shadow::MAX_SHADOW_SESSIONS,
+        )
     }
 }
 
@@ -718,6 +746,7 @@ fn allowed(last: &str) -> Option<&'static str> {
         "catch-up-rate" => "expected an integer 1 to 1000000 (emissions/s)",
         "batch-size" => "expected an integer 1 to 100000 (uploads)",
         "event-ids" => "expected an integer 0 to 100000 (event ids listed per ready record)",
+        "shadow-max-sessions" => "expected an integer 1 to 10000000 (session keys)",
         "data-dir" => "expected a directory path (string)",
         "transport" => "expected one of kafka, nats",
         "listen" => "expected an IP address and port such as \"127.0.0.1:9464\"",
@@ -933,6 +962,7 @@ mod tests {
                 shutdown_deadline: Duration::from_secs(10),
                 batch_size: 64,
                 idle_tick: Duration::from_millis(20),
+                shadow_max_sessions: 100_000,
             }
         );
         let t = c.policy_table();

@@ -16,6 +16,9 @@
 //!   ids that never repeat (SEMANTICS §2);
 //! * no emission has `due_at > now`.
 //!
+//! Shadow policies (SEMANTICS §8, [`shadow`]) run this same engine over an in-memory table
+//! beside the live one and only count what they would emit ([`figures`]).
+//!
 //! One extension of SEMANTICS §4, off by default: under `adaptive` with
 //! `learn-initial-delay`, a key's first upload (no CallTrack) starts from its tenant's learned
 //! delay instead of `min_delay` ([`learn`]; [`Engine::on_upload_from`]), everything else
@@ -24,15 +27,19 @@
 //! This module must not import tokio, rocksdb, rdkafka, async-nats or read a clock; a test in
 //! `tests/engine_purity.rs` keeps that true.
 
+pub mod figures;
 pub mod learn;
 pub mod partition;
 pub mod policy;
+pub mod shadow;
 pub mod timers;
 pub mod types;
 
+pub use figures::{Percentiles, Spread};
 pub use learn::{LearnSummary, TenantAges, TenantStats, MAX_LEARNED_TENANTS};
 pub use partition::{Driver, DriverStats, MemTable, SessionTable};
 pub use policy::{PolicySpec, PolicyTable, DEFAULT_STATE_TTL_MS, EVENT_IDS_MAX};
+pub use shadow::{Figures, ShadowSet, ShadowSpec, TierFigures, LIVE};
 pub use timers::TimerQueue;
 pub use types::{
     CallTrack, Emission, EventIds, Millis, Part, PolicyName, Round, SessionKey, SessionState,

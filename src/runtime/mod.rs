@@ -50,6 +50,7 @@ pub mod progress;
 pub mod publisher;
 pub mod restore;
 pub mod rules;
+pub mod shadow;
 pub mod status;
 pub mod throttle;
 pub mod tier_events;
@@ -64,6 +65,7 @@ pub use pacer::CatchUpPacer;
 pub use partition::{PartitionContext, PartitionExit, PartitionSettings};
 pub use publisher::{Fence, PublishTarget, TierRouting};
 pub use rules::Rules;
+pub use shadow::{ShadowBoard, ShadowSnapshot};
 pub use status::{PartitionState, PartitionStatus, StatusBoard, StatusMap};
 pub use tier_events::{read_snapshot, TierSnapshot, TIERS_FILE};
 
@@ -260,6 +262,7 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
                 metrics,
                 sessions: SessionLookup::new(),
                 actions: ActionLog::default(),
+                shadows: ShadowBoard::default(),
             },
             options,
             budget,
@@ -327,6 +330,20 @@ impl<K: Sink, C: Clock> Runtime<K, C> {
             audit: Some(audit),
         });
         self
+    }
+
+    /// Runs the shadow policies `specs` beside the live one in every partition task
+    /// (SEMANTICS §8; `[[shadow]]`, `Config::shadow_specs`), emitting nothing. Empty: off
+    /// (the default), and the partitions' steps pay nothing for them.
+    pub fn with_shadows(mut self, specs: Vec<crate::engine::ShadowSpec>) -> Self {
+        self.ctx.shadows = ShadowBoard::new(specs);
+        self
+    }
+
+    /// The shadow policies' figures (clone it before `run`): `GET /v1/shadow`, the
+    /// `settle_shadow_*` metrics, `settle run-file`.
+    pub fn shadows(&self) -> ShadowBoard {
+        self.ctx.shadows.clone()
     }
 
     /// The tenant overrides (clone it before `run`): the admin API reads and writes them.

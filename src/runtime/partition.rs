@@ -42,6 +42,15 @@
 //! before it is applied; timers that are not overdue fire in `(due, key)` order. The ring is
 //! per partition, like the pacer.
 //!
+//! # Shadow policies
+//!
+//! With `[[shadow]]` (SEMANTICS §8) the task holds a [`ShadowSet`](crate::engine::ShadowSet)
+//! ([`super::shadow`]): each upload the live driver applies in a step is handed to every
+//! shadow at the same partition time; at the end of the step the shadows fire what is due at
+//! partition time, and the step's live emissions and the shadows' would-be emissions are
+//! counted by tier (the tenant's tier in the router now). Shadows write nothing: no store,
+//! outbox or changelog. Without `[[shadow]]` the set is `None`: one check per upload.
+//!
 //! # Failure
 //!
 //! Every store error is fatal for the partition: the task logs it, sets status
@@ -210,6 +219,8 @@ pub struct PartitionContext<K, C> {
     pub sessions: SessionLookup,
     /// Where applied operator actions are recorded and their audit records go (SEMANTICS §7).
     pub actions: ActionLog,
+    /// The shadow policies each task runs beside the live one (SEMANTICS §8; empty: none).
+    pub shadows: super::shadow::ShadowBoard,
 }
 
 /// A consumed record, decoded and waiting to be applied.
@@ -295,13 +306,15 @@ pub async fn run<I: PartitionInput, K: Sink, C: Clock>(
     let (_registration, queries) = ctx.sessions.register(partition);
     let mut rules = ctx.rules.subscribe();
     let first_rules = rules.borrow_and_update().clone();
+    let started_at = ctx.clock.now_ms();
     let mut task = Task {
         status: PartitionStatus::starting(input.topic(), partition),
         clock: PartitionClock::resume(store.partition_time()),
         driver: Driver::new(first_rules),
         rules,
         pacer: CatchUpPacer::new(ctx.settings.catch_up_rate),
-        started_at: ctx.clock.now_ms(),
+        started_at,
+        shadow: ctx.shadows.register(partition, started_at),
         catch_up: CatchUpQueue::new(),
         held: VecDeque::new(),
         caught_up: false,
@@ -375,6 +388,8 @@ struct Task<I, K, C> {
     /// behind is not paced: pacing it below the rate rounds fall due at would turn one
     /// hiccup into a lag that only grows.
     started_at: Millis,
+    /// The shadow policies' set of this partition (SEMANTICS §8; `None`: no `[[shadow]]`).
+    shadow: Option<super::shadow::ShadowHandle>,
     /// Overdue timers by tenant, in turn order (catch-up release).
     catch_up: CatchUpQueue,
     /// Consumed, decoded records not applied yet (catch-up pacing); at most one batch.
@@ -1321,6 +1336,8 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
         let mut applied_records = 0u64;
         let mut fired = 0usize;
 
+        // Shadow policies see the uploads applied here, at the same partition time.
+        let mut shadows = self.shadow.as_ref().map(|h| h.lock());
         let mut batch = self.store.batch();
         let mut fire = FireCtx {
             driver: &mut self.driver,
@@ -1365,6 +1382,9 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
                 }
                 let now = self.clock.observe(upload.event_time);
                 let applied_as = fire.driver.apply(&mut batch, now, upload, &mut out)?;
+                if let Some(set) = shadows.as_mut() {
+                    set.apply(now, upload);
+                }
                 if applied_as == Applied::Redelivered {
                     tracing::debug!(partition = self.status.partition, key = %upload.key, "redelivered event_id ignored");
                 }
@@ -1382,6 +1402,18 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
             }
         }
 
+        if let Some(set) = shadows.as_mut() {
+            set.advance(self.clock.now());
+            if set.has_emissions(&out) {
+                let router = self.ctx.tiers.router.lock();
+                let tiers = self.ctx.tiers.router.tiers();
+                set.count(&out, |tenant| {
+                    let tier = router.tier_of(tenant);
+                    tiers.tiers().position(|(n, _)| n == tier).unwrap_or(0)
+                });
+            }
+        }
+        drop(shadows);
         if applied.is_none() && fired == 0 {
             // Nothing changed but (maybe) partition time; it is stored with the next change.
             return Ok(report);

@@ -279,7 +279,8 @@ async fn serve<S: Source, K: Sink>(
         SystemClock,
         options,
     )?
-    .with_actions(log.clone());
+    .with_actions(log.clone())
+    .with_shadows(config.shadow_specs());
     if let Some(store) = overrides {
         tracing::info!(store = store.name(), "tenant overrides from the broker");
         runtime = runtime.with_overrides(store);
@@ -342,7 +343,8 @@ async fn tail_audit(channel: Arc<dyn ActionChannel>, log: ActionLog) {
 
 /// The debounce rules a run starts with (`[debounce]` and its tenant overrides), as one log
 /// line: what the partitions apply to every upload from now on (SEMANTICS §7). Each
-/// partition then says how many of its pending rounds were timed under other rules.
+/// partition then says how many of its pending rounds were timed under other rules. One
+/// more line per `[[shadow]]` policy (SEMANTICS §8).
 pub fn log_rules(config: &Config) {
     let table = config.policy_table();
     tracing::info!(
@@ -350,6 +352,14 @@ pub fn log_rules(config: &Config) {
         tenant_overrides = table.tenants.len(),
         "debounce rules in force"
     );
+    for s in config.shadow_specs() {
+        tracing::info!(
+            shadow = %s.name,
+            rules = %s.policy,
+            max_sessions = s.max_sessions,
+            "shadow policy runs beside the live one in every partition, emitting nothing (SEMANTICS §8; GET /v1/shadow)"
+        );
+    }
 }
 
 /// The start line of `settle run`: the config file and what it says of the transport.

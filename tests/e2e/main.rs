@@ -51,6 +51,7 @@ mod nats_process;
 mod nats_rescale;
 mod nats_tier_counts;
 mod nats_tiers;
+mod shadow_run_file;
 mod signals;
 mod tune_kafka;
 mod tune_nats;

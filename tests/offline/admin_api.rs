@@ -12,7 +12,7 @@ use runtime_support::*;
 use serde_json::Value;
 use settle::admin::{AdminServer, AdminState};
 use settle::codec::format_rfc3339_ms;
-use settle::engine::{Engine, Millis, PolicySpec, PolicyTable};
+use settle::engine::{Engine, Millis, PolicySpec, PolicyTable, ShadowSpec};
 use settle::metrics::{self, Metrics};
 use settle::runtime::{Clock, Runtime, RuntimeOptions, StatusMap};
 use settle::tiers::TiersConfig;
@@ -232,6 +232,13 @@ async fn metrics_and_admin_endpoints_on_a_running_runtime() {
     );
     assert_eq!(m.sum(metrics::EMISSION_UPLOADS, &[]), 14.0);
 
+    // Without [[shadow]]: the view says so, and no shadow series exist.
+    let (code, shadow) = get_json(addr, "/v1/shadow").await;
+    assert_eq!(code, 200, "{shadow}");
+    assert_eq!(shadow["configured"], false);
+    assert_eq!(shadow["policies"], Value::Array(vec![]));
+    assert!(!m.has(metrics::SHADOW_EMISSIONS, &[]));
+
     // --- /readyz, /v1/partitions.
     let (code, ready) = get_json(addr, "/readyz").await;
     assert_eq!(
@@ -337,6 +344,101 @@ async fn metrics_and_admin_endpoints_on_a_running_runtime() {
     assert_eq!(code, 503);
     let (code, _) = get_json(addr, "/v1/sessions/ada/s0").await;
     assert_eq!(code, 404);
+    server.stop().await;
+}
+
+/// `[[shadow]]` policies on a running runtime (SEMANTICS §8): `GET /v1/shadow` and the
+/// `settle_shadow_*` gauges put a shadow's would-be emissions beside the live policy's, and
+/// count the sessions that did not fit its budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_view_and_metrics_beside_the_live_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = MemoryBroker::new(TOPIC, 1);
+    let clock = settle::runtime::TokioClock::starting_at(T0);
+    let runtime = Runtime::new(
+        Engine::new(PolicyTable::uniform(PolicySpec::fixed(HOUR))),
+        broker.sink(),
+        clock,
+        options(dir.path()),
+    )
+    .unwrap()
+    .with_shadows(vec![ShadowSpec {
+        name: "fast".to_owned(),
+        policy: PolicySpec::fixed(1_000),
+        max_sessions: 3,
+    }]);
+    let status = runtime.status();
+    let server = AdminServer::start("127.0.0.1:0".parse().unwrap(), AdminState::new(&runtime))
+        .await
+        .unwrap();
+    let addr = server.local_addr();
+    // beta/f0 closed by `final` (live and shadow emit it at once, 2 uploads); then 4 acme
+    // sessions of 2 uploads 100 ms apart: live waits an hour, the shadow 1 s, but it holds
+    // 3 keys: acme/s2 and acme/s3 do not fit.
+    let base = clock.now_ms() - 10_000;
+    produce_finals(&broker, "beta", "f", 1, base);
+    for s in 0..4 {
+        produce(&broker, "acme", &format!("s{s}"), base + 10);
+        produce(&broker, "acme", &format!("s{s}"), base + 110);
+    }
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(runtime.run(broker.source(GROUP), shutdown.clone()));
+    tokio::time::timeout(PATIENCE, status.wait_for(|m| settled(m, &broker, 1)))
+        .await
+        .expect("runtime settles");
+
+    let (code, v) = get_json(addr, "/v1/shadow").await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["configured"], true);
+    assert!(v["since"].as_str().is_some(), "{v}");
+    assert_eq!(v["partitions"].as_array().unwrap().len(), 1);
+    assert_eq!(v["tiers"], serde_json::json!(["normal", "limited"]));
+    let live = &v["policies"][0];
+    assert_eq!(live["name"], "live");
+    assert_eq!(live["figures"]["total"]["emissions"], 1, "{v}");
+    assert_eq!(live["figures"]["total"]["time_to_ready_ms"]["p99"], 0);
+    let fast = &v["policies"][1];
+    assert_eq!(fast["name"], "fast");
+    assert_eq!(fast["rule"], PolicySpec::fixed(1_000).to_string());
+    assert_eq!(
+        (&fast["sessions"], &fast["refused_sessions"], &fast["refused_uploads"]),
+        (&Value::from(3), &Value::from(2), &Value::from(4)),
+        "{v}"
+    );
+    let normal = &fast["figures"]["tiers"]["normal"];
+    assert_eq!(normal["emissions"], 3, "{v}");
+    assert_eq!(normal["uploads_per_emission"], 2.0);
+    assert_eq!(normal["time_to_ready_ms"]["p50"], 1_000);
+    assert_eq!(normal["time_to_ready_ms"]["p99"], 1_000);
+    assert_eq!(fast["figures"]["tiers"]["limited"]["emissions"], 0);
+
+    let m = scrape(addr).await;
+    let fast_normal = [("shadow", "fast"), ("tier", "normal")];
+    assert_eq!(m.sum(metrics::SHADOW_EMISSIONS, &fast_normal), 3.0);
+    assert_eq!(m.sum(metrics::SHADOW_UPLOADS, &fast_normal), 6.0);
+    assert_eq!(
+        m.sum(metrics::SHADOW_UPLOADS_PER_EMISSION, &fast_normal),
+        2.0
+    );
+    assert_eq!(
+        m.sum(
+            metrics::SHADOW_TIME_TO_READY,
+            &[fast_normal[0], fast_normal[1], ("quantile", "0.99")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        m.sum(metrics::SHADOW_EMISSIONS, &[("shadow", "live")]),
+        1.0
+    );
+    assert_eq!(m.sum(metrics::SHADOW_REFUSED_SESSIONS, &[]), 2.0);
+    assert_eq!(m.sum(metrics::SHADOW_SESSIONS, &[]), 3.0);
+    assert!(m.sum(metrics::SHADOW_SINCE, &[]) > 0.0);
+    // The shadow emitted nothing: the broker holds the live emission only.
+    assert_eq!(broker.output().len(), 1);
+
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
     server.stop().await;
 }
 

@@ -195,6 +195,7 @@ async fn a_batch_that_fails_to_write_keeps_the_offset_and_stops_the_partition() 
         metrics: settle::metrics::Metrics::new(),
         sessions: settle::runtime::SessionLookup::new(),
         actions: settle::runtime::ActionLog::default(),
+        shadows: settle::runtime::ShadowBoard::default(),
     };
     let mut source = broker.source("other-group");
     let Some(SourceEvent::Assigned(mut inputs)) = source.next_event().await.unwrap() else {

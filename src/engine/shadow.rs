@@ -1,0 +1,358 @@
+//! Shadow policies (SEMANTICS §8): candidate policies run beside the live one on the same
+//! uploads and the same partition time, through the same [`Driver`], each over its own
+//! in-memory [`MemTable`], emitting nothing. Their would-be emissions are only counted:
+//! uploads per emission and time-to-ready per tier ([`Figures`]), beside the live policy's.
+//!
+//! Invariants:
+//! * a shadow sees exactly the uploads handed to [`ShadowSet::apply`], at the partition time
+//!   given, and fires its due rounds on [`ShadowSet::advance`]; it never writes anywhere;
+//! * time-to-ready is `due_at − last_upload_at` (ms): what `settle tune` and `settle
+//!   simulate` report, where a round is emitted at its due time (`cli::report`). So on a
+//!   replayed trace a shadow's figures equal the what-if tool's for the same policy, however
+//!   late the runtime fires it; the live policy is measured the same way here (its actual
+//!   `emitted_at` is in `settle_time_to_ready_seconds`);
+//! * one policy applies to every tenant (`PolicyTable::uniform`), as in `settle tune`;
+//! * memory is bounded by `max_sessions` keys per shadow: an upload of a key the table does
+//!   not hold, while it holds `max_sessions` keys, is refused and counted
+//!   ([`Figures::refused_uploads`], [`Figures::refused_sessions`]). A refused key stays refused
+//!   (the shadow does not follow half a session) as long as its refusal is remembered (up to
+//!   `max_sessions` refused keys, 8 bytes each); past that, each refused upload of a key not
+//!   remembered counts as one more session (an upper bound). A key whose state expired
+//!   (`state-ttl`) frees its room.
+//!
+//! Pure: no clock, no I/O (the engine's rule); the caller says which tier a tenant is in.
+
+use super::figures::Spread;
+use super::partition::{Driver, MemTable};
+use super::policy::{PolicySpec, PolicyTable};
+use super::types::{Emission, Millis, SessionKey, Trigger, Upload};
+use super::Engine;
+use rustc_hash::{FxHashSet, FxHasher};
+use std::hash::{Hash, Hasher};
+
+/// Most `[[shadow]]` entries a config may have (each costs a driver step per upload).
+pub const MAX_SHADOWS: usize = 4;
+
+/// The name the live policy's figures go by beside the shadows' (no shadow may take it).
+pub const LIVE: &str = "live";
+
+/// Default memory budget of one shadow in one partition: session keys held
+/// (`runtime.shadow-max-sessions`).
+pub const DEFAULT_MAX_SESSIONS: u32 = 100_000;
+
+/// One shadow policy as configured (`[[shadow]]`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShadowSpec {
+    /// `name`: how its figures are labelled (metrics label `shadow`, `GET /v1/shadow`).
+    pub name: String,
+    /// The policy and its parameters (ms), applied to every tenant.
+    pub policy: PolicySpec,
+    /// Most session keys it holds per partition (its memory budget).
+    pub max_sessions: usize,
+}
+
+/// The figures of one policy in one tier.
+#[derive(Clone, Debug, Default)]
+pub struct TierFigures {
+    /// Emissions (would-be emissions for a shadow).
+    pub emissions: u64,
+    /// Uploads in them (their `uploads` fields summed).
+    pub uploads: u64,
+    /// Their time-to-ready, `due_at − last_upload_at` (ms; module docs).
+    pub time_to_ready: Spread,
+}
+
+impl TierFigures {
+    /// Counts the emission `e`.
+    pub fn record(&mut self, e: &Emission) {
+        self.emissions += 1;
+        self.uploads += u64::from(e.uploads);
+        self.time_to_ready
+            .record((e.due_at - e.last_upload_at).max(0) as u64);
+    }
+
+    /// Adds `other`'s figures into these.
+    pub fn add(&mut self, other: &TierFigures) {
+        self.emissions += other.emissions;
+        self.uploads += other.uploads;
+        self.time_to_ready.add(&other.time_to_ready);
+    }
+
+    /// Uploads per emission (0 before the first emission).
+    pub fn uploads_per_emission(&self) -> f64 {
+        if self.emissions == 0 {
+            0.0
+        } else {
+            self.uploads as f64 / self.emissions as f64
+        }
+    }
+}
+
+/// The figures of one policy: per tier (index = the tier's place in the tier list) and what
+/// it could not follow.
+#[derive(Clone, Debug, Default)]
+pub struct Figures {
+    /// Per tier, in tier-list order (shorter when the last tiers saw nothing).
+    pub tiers: Vec<TierFigures>,
+    /// Sessions a shadow refused for want of room (module docs; 0 for the live policy).
+    pub refused_sessions: u64,
+    /// Uploads a shadow refused (of refused sessions).
+    pub refused_uploads: u64,
+    /// Session keys held now (a shadow's table; 0 for the live policy).
+    pub sessions: u64,
+}
+
+impl Figures {
+    /// Counts the emission `e` in tier `tier`.
+    pub fn record(&mut self, tier: usize, e: &Emission) {
+        if self.tiers.len() <= tier {
+            self.tiers.resize_with(tier + 1, TierFigures::default);
+        }
+        self.tiers[tier].record(e);
+    }
+
+    /// Adds `other`'s figures into these (another partition's).
+    pub fn add(&mut self, other: &Figures) {
+        if self.tiers.len() < other.tiers.len() {
+            self.tiers.resize_with(other.tiers.len(), TierFigures::default);
+        }
+        for (mine, theirs) in self.tiers.iter_mut().zip(&other.tiers) {
+            mine.add(theirs);
+        }
+        self.refused_sessions += other.refused_sessions;
+        self.refused_uploads += other.refused_uploads;
+        self.sessions += other.sessions;
+    }
+
+    /// All tiers together.
+    pub fn total(&self) -> TierFigures {
+        let mut t = TierFigures::default();
+        for tier in &self.tiers {
+            t.add(tier);
+        }
+        t
+    }
+
+    /// The figures of tier `tier` (empty when it saw nothing).
+    pub fn tier(&self, tier: usize) -> TierFigures {
+        self.tiers.get(tier).cloned().unwrap_or_default()
+    }
+}
+
+/// One shadow policy over one partition: its driver, its table and its figures.
+#[derive(Clone, Debug)]
+pub struct Shadow {
+    driver: Driver,
+    table: MemTable,
+    max_sessions: usize,
+    /// Hashes of the keys refused (at most `max_sessions`).
+    refused: FxHashSet<u64>,
+    /// Would-be emissions not counted yet (their tiers are looked up by the caller).
+    out: Vec<Emission>,
+    figures: Figures,
+}
+
+impl Shadow {
+    /// An empty shadow running `spec`.
+    pub fn new(spec: &ShadowSpec) -> Self {
+        Shadow {
+            driver: Driver::new(Engine::new(PolicyTable::uniform(spec.policy.clone()))),
+            table: MemTable::new(),
+            max_sessions: spec.max_sessions.max(1),
+            refused: FxHashSet::default(),
+            out: Vec::new(),
+            figures: Figures::default(),
+        }
+    }
+
+    /// Applies `upload` at partition time `now` (ms), as `Driver::apply` does, unless the
+    /// key does not fit (module docs).
+    pub fn apply(&mut self, now: Millis, upload: &Upload) {
+        let now = now.max(upload.event_time);
+        // What is due fires first: an expired key frees its room before the check.
+        let Ok(_) = self.driver.advance(&mut self.table, now, &mut self.out);
+        if !self.refused.is_empty() && self.refused.contains(&key_hash(&upload.key)) {
+            self.figures.refused_uploads += 1;
+            return;
+        }
+        if self.table.len() >= self.max_sessions && self.table.state(&upload.key).is_none() {
+            self.figures.refused_uploads += 1;
+            self.figures.refused_sessions += 1;
+            if self.refused.len() < self.max_sessions {
+                self.refused.insert(key_hash(&upload.key));
+            }
+            return;
+        }
+        let Ok(_) = self.driver.apply(&mut self.table, now, upload, &mut self.out);
+    }
+
+    /// Fires every round due at or before `now` (ms).
+    pub fn advance(&mut self, now: Millis) {
+        let Ok(_) = self.driver.advance(&mut self.table, now, &mut self.out);
+    }
+
+    /// Its figures so far (emissions counted by [`ShadowSet::count`]).
+    pub fn figures(&self) -> &Figures {
+        &self.figures
+    }
+}
+
+fn key_hash(key: &SessionKey) -> u64 {
+    let mut h = FxHasher::default();
+    key.hash(&mut h);
+    h.finish()
+}
+
+/// The shadows of one partition and the live policy's figures beside them.
+#[derive(Clone, Debug)]
+pub struct ShadowSet {
+    since: Millis,
+    shadows: Vec<Shadow>,
+    live: Figures,
+}
+
+impl ShadowSet {
+    /// Empty shadows of `specs`, measuring from `since` (ms, wall clock: the partition's
+    /// assignment).
+    pub fn new(specs: &[ShadowSpec], since: Millis) -> Self {
+        ShadowSet {
+            since,
+            shadows: specs.iter().map(Shadow::new).collect(),
+            live: Figures::default(),
+        }
+    }
+
+    /// When the figures start (ms since the epoch).
+    pub fn since(&self) -> Millis {
+        self.since
+    }
+
+    /// The shadows, in config order.
+    pub fn shadows(&self) -> &[Shadow] {
+        &self.shadows
+    }
+
+    /// The live policy's figures.
+    pub fn live(&self) -> &Figures {
+        &self.live
+    }
+
+    /// Hands `upload` to every shadow at partition time `now` (ms): call it right after the
+    /// live driver applied it, with the same `now`.
+    pub fn apply(&mut self, now: Millis, upload: &Upload) {
+        for s in &mut self.shadows {
+            s.apply(now, upload);
+        }
+    }
+
+    /// Partition time moved to `now` (ms): every shadow fires what is due.
+    pub fn advance(&mut self, now: Millis) {
+        for s in &mut self.shadows {
+            s.advance(now);
+        }
+    }
+
+    /// Whether [`ShadowSet::count`] has emissions to place in tiers (with `live`, the live
+    /// policy's emissions of the step).
+    pub fn has_emissions(&self, live: &[Emission]) -> bool {
+        !live.is_empty() || self.shadows.iter().any(|s| !s.out.is_empty())
+    }
+
+    /// Counts the live policy's emissions `live` (`manual` ones, an operator's, are left
+    /// out: the shadows see no actions) and every shadow's would-be emissions since the last
+    /// call, each in the tier `tier_of(tenant)` says (an index into the tier list).
+    pub fn count(&mut self, live: &[Emission], mut tier_of: impl FnMut(&str) -> usize) {
+        for e in live.iter().filter(|e| e.trigger != Trigger::Manual) {
+            self.live.record(tier_of(e.key.tenant()), e);
+        }
+        for s in &mut self.shadows {
+            for e in s.out.drain(..) {
+                s.figures.record(tier_of(e.key.tenant()), &e);
+            }
+            s.figures.sessions = s.table.len() as u64;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn up(session: &str, t: Millis) -> Upload {
+        Upload::plain(SessionKey::new("t", session), t)
+    }
+
+    fn spec(max_sessions: usize) -> ShadowSpec {
+        ShadowSpec {
+            name: "slow".to_owned(),
+            policy: PolicySpec::fixed(1_000),
+            max_sessions,
+        }
+    }
+
+    #[test]
+    fn counts_would_be_emissions_per_tier_with_time_to_ready() {
+        let mut set = ShadowSet::new(&[spec(10)], 5);
+        for (s, t) in [("a", 0), ("a", 400), ("b", 100), ("a", 900)] {
+            set.apply(t, &up(s, t));
+        }
+        set.advance(10_000);
+        // Tenant `t` in tier 1: a (3 uploads, due 1 900), b (1 upload, due 1 100).
+        set.count(&[], |_| 1);
+        let f = set.shadows()[0].figures();
+        assert_eq!(f.tiers.len(), 2);
+        assert_eq!(f.tier(0).emissions, 0);
+        let t = f.tier(1);
+        assert_eq!((t.emissions, t.uploads), (2, 4));
+        assert_eq!(t.uploads_per_emission(), 2.0);
+        let p = t.time_to_ready.percentiles();
+        assert_eq!((p.p50, p.max), (1_000, 1_000));
+        assert_eq!(f.sessions, 2);
+        assert_eq!(set.since(), 5);
+    }
+
+    #[test]
+    fn sessions_that_do_not_fit_are_counted_not_followed() {
+        let mut set = ShadowSet::new(&[spec(2)], 0);
+        set.apply(0, &up("a", 0));
+        set.apply(1, &up("b", 1));
+        // Full: c is refused, and stays refused even once a key expires.
+        set.apply(2, &up("c", 2));
+        set.apply(3, &up("c", 3));
+        set.apply(4, &up("a", 4));
+        set.count(&[], |_| 0);
+        let f = set.shadows()[0].figures();
+        assert_eq!((f.refused_sessions, f.refused_uploads), (1, 2));
+        assert_eq!(f.sessions, 2);
+        // After state-ttl (24 h) a and b are gone: d fits, c is still refused.
+        let day = 24 * 60 * 60 * 1000;
+        set.apply(day + 10, &up("d", day + 10));
+        set.apply(day + 11, &up("c", day + 11));
+        set.count(&[], |_| 0);
+        let f = set.shadows()[0].figures();
+        assert_eq!((f.refused_sessions, f.refused_uploads), (1, 3));
+        assert_eq!(f.sessions, 1);
+        assert_eq!(f.total().emissions, 2);
+    }
+
+    #[test]
+    fn live_figures_leave_manual_emissions_out_and_merge() {
+        let mut live = ShadowSet::new(&[], 0);
+        let mut out = Vec::new();
+        let mut driver = Driver::new(Engine::new(PolicyTable::uniform(PolicySpec::fixed(10))));
+        let mut table = MemTable::new();
+        let Ok(_) = driver.apply(&mut table, 0, &up("a", 0), &mut out);
+        let Ok(_) = driver.advance(&mut table, 100, &mut out);
+        let mut manual = out[0].clone();
+        manual.trigger = Trigger::Manual;
+        out.push(manual);
+        assert!(live.has_emissions(&out));
+        live.count(&out, |_| 0);
+        assert_eq!(live.live().total().emissions, 1);
+        let mut sum = Figures::default();
+        sum.add(live.live());
+        sum.add(live.live());
+        assert_eq!(sum.total().emissions, 2);
+        assert_eq!(sum.total().time_to_ready.percentiles().p99, 10);
+    }
+}
