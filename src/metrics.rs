@@ -724,7 +724,7 @@ impl Metrics {
                     .with_label_values(&[name])
                     .set(gauge(f.refused_sessions));
             }
-            for (i, tier) in tiers.iter().enumerate() {
+            for (i, &tier) in tiers.iter().enumerate() {
                 let t = f.tier(i);
                 let labels = [name, tier];
                 m.shadow_emissions
@@ -737,7 +737,7 @@ impl Metrics {
                     .with_label_values(&labels)
                     .set(t.uploads_per_emission());
                 let p = t.time_to_ready.percentiles();
-                for (q, ms) in SHADOW_QUANTILES.iter().zip([p.p50, p.p99]) {
+                for (q, ms) in SHADOW_QUANTILES.into_iter().zip([p.p50, p.p99]) {
                     m.shadow_time_to_ready
                         .with_label_values(&[name, tier, q])
                         .set(ms as f64 / 1000.0);
@@ -978,9 +978,18 @@ mod tests {
         );
         let text = m.encode();
         for (series, want) in [
-            (r#"settle_shadow_emissions{shadow="slow",tier="limited"}"#, 1.0),
-            (r#"settle_shadow_emissions{shadow="live",tier="normal"}"#, 0.0),
-            (r#"settle_shadow_uploads_per_emission{shadow="slow",tier="limited"}"#, 4.0),
+            (
+                r#"settle_shadow_emissions{shadow="slow",tier="limited"}"#,
+                1.0,
+            ),
+            (
+                r#"settle_shadow_emissions{shadow="live",tier="normal"}"#,
+                0.0,
+            ),
+            (
+                r#"settle_shadow_uploads_per_emission{shadow="slow",tier="limited"}"#,
+                4.0,
+            ),
             (
                 r#"settle_shadow_time_to_ready_seconds{quantile="0.99",shadow="slow",tier="limited"}"#,
                 30.0,

@@ -30,6 +30,13 @@ pub fn run(file: &Path, out: &mut impl Write) -> anyhow::Result<()> {
         table.default.name.as_str(),
         table.tenants.len()
     )?;
+    for shadow in cfg.shadow_specs() {
+        writeln!(
+            out,
+            "shadow {}: {} (emits nothing; at most {} sessions per partition)",
+            shadow.name, shadow.policy, shadow.max_sessions
+        )?;
+    }
     writeln!(out, "transport: {} (settle run)", cfg.transport.as_str())?;
     match crate::admin::preflight(&cfg.admin)? {
         Some(auth) => {

@@ -25,15 +25,15 @@ pub mod shadow;
 pub mod tiers;
 
 use crate::codec::validate_tenant;
-use crate::engine::{Millis, PolicyName, PolicySpec, PolicyTable};
 use crate::engine::shadow::{ShadowSpec, DEFAULT_MAX_SESSIONS};
+use crate::engine::{Millis, PolicyName, PolicySpec, PolicyTable};
 use admin::AdminConfig;
 use figment::providers::{Env, Format, Toml};
 use figment::Figment;
 use kafka::KafkaConfig;
 use nats::NatsConfig;
-use shadow::ShadowConfig;
 use serde::{Deserialize, Serialize};
+use shadow::ShadowConfig;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -259,8 +259,8 @@ pub struct RuntimeConfig {
     #[serde(with = "duration")]
     pub idle_tick: Duration,
     /// `shadow-max-sessions`: memory budget of each `[[shadow]]` policy in each partition:
-    /// most session keys it follows (keys, 1–10 000 000, default 100 000; about 200 bytes
-    /// plus the key each). Sessions that do not fit are counted, not followed (SEMANTICS §8).
+    /// most session keys it follows (keys, 1–10 000 000, default 100 000; about 150 bytes
+    /// a key, 300 with an open round, plus the key). Sessions that do not fit are counted, not followed (SEMANTICS §8).
     pub shadow_max_sessions: u32,
 }
 

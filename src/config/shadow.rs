@@ -6,8 +6,8 @@
 //! tune`). Their memory budget is `runtime.shadow-max-sessions`.
 
 use super::{
-    check_debounce_durations, check_spec, invalid, opt_duration, tenant_max_wait,
-    ConfigError, DebounceConfig, TenantOverride,
+    check_debounce_durations, check_spec, invalid, opt_duration, tenant_max_wait, ConfigError,
+    DebounceConfig, TenantOverride,
 };
 use crate::engine::shadow::{ShadowSpec, LIVE, MAX_SHADOWS};
 use crate::engine::PolicyName;
@@ -240,6 +240,9 @@ max-wait = "off"
             key_of("[runtime]\nshadow-max-sessions = 0"),
             "runtime.shadow-max-sessions"
         );
-        assert_eq!(key_of("[[shadow]]\nname = \"a\"\nnope = 1"), "shadow.0.nope");
+        assert_eq!(
+            key_of("[[shadow]]\nname = \"a\"\nnope = 1"),
+            "shadow.0.nope"
+        );
     }
 }

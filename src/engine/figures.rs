@@ -104,7 +104,8 @@ mod tests {
         let (mut a, mut b, mut all) = (Spread::new(), Spread::new(), Spread::new());
         for ms in 0..5_000u64 {
             let v = ms * 37 % 90_001;
-            if ms % 3 == 0 { &mut a } else { &mut b }.record(v);
+            let part = if ms % 3 == 0 { &mut a } else { &mut b };
+            part.record(v);
             all.record(v);
         }
         a.add(&b);

@@ -12,7 +12,9 @@
 //!   late the runtime fires it; the live policy is measured the same way here (its actual
 //!   `emitted_at` is in `settle_time_to_ready_seconds`);
 //! * one policy applies to every tenant (`PolicyTable::uniform`), as in `settle tune`;
-//! * memory is bounded by `max_sessions` keys per shadow: an upload of a key the table does
+//! * a shadow keeps no attributes (they only ride on emissions);
+//! * memory is bounded by `max_sessions` keys per shadow (about 150 bytes a key, 300 with an
+//!   open round, plus the key and its last event id): an upload of a key the table does
 //!   not hold, while it holds `max_sessions` keys, is refused and counted
 //!   ([`Figures::refused_uploads`], [`Figures::refused_sessions`]). A refused key stays refused
 //!   (the shadow does not follow half a session) as long as its refusal is remembered (up to
@@ -114,7 +116,8 @@ impl Figures {
     /// Adds `other`'s figures into these (another partition's).
     pub fn add(&mut self, other: &Figures) {
         if self.tiers.len() < other.tiers.len() {
-            self.tiers.resize_with(other.tiers.len(), TierFigures::default);
+            self.tiers
+                .resize_with(other.tiers.len(), TierFigures::default);
         }
         for (mine, theirs) in self.tiers.iter_mut().zip(&other.tiers) {
             mine.add(theirs);
@@ -183,7 +186,9 @@ impl Shadow {
             }
             return;
         }
-        let Ok(_) = self.driver.apply(&mut self.table, now, upload, &mut self.out);
+        let Ok(_) = self
+            .driver
+            .apply(&mut self.table, now, upload, &mut self.out);
     }
 
     /// Fires every round due at or before `now` (ms).
@@ -240,6 +245,20 @@ impl ShadowSet {
     /// Hands `upload` to every shadow at partition time `now` (ms): call it right after the
     /// live driver applied it, with the same `now`.
     pub fn apply(&mut self, now: Millis, upload: &Upload) {
+        // Attributes (up to 16 KiB) ride on emissions only: a shadow does not keep them.
+        let stripped;
+        let upload = match upload.attributes {
+            None => upload,
+            Some(_) => {
+                stripped = Upload {
+                    key: upload.key.clone(),
+                    event_id: upload.event_id.clone(),
+                    attributes: None,
+                    ..*upload
+                };
+                &stripped
+            }
+        };
         for s in &mut self.shadows {
             s.apply(now, upload);
         }

@@ -95,7 +95,15 @@ fn write_trace(path: &Path, sessions: usize) {
 /// What `settle tune` computes for the one setting of `sweep` on `trace`.
 fn tune(trace: &Trace, sweep: &str) -> RunStats {
     let sweep: Sweep = sweep.parse().unwrap();
-    let report = run_trace("trace", trace, &sweep, Goal::default(), None, &mut Vec::new()).unwrap();
+    let report = run_trace(
+        "trace",
+        trace,
+        &sweep,
+        Goal::default(),
+        None,
+        &mut Vec::new(),
+    )
+    .unwrap();
     assert_eq!(report.rows.len(), 1, "{sweep:?}");
     report.rows[0].stats.clone()
 }
@@ -130,7 +138,10 @@ fn run_file_shadow_figures_equal_settle_tune() {
         .lines()
         .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
         .collect();
-    let names: Vec<&str> = printed.iter().map(|v| v["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = printed
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
     assert_eq!(names, SWEEPS.map(|(name, _)| name));
 
     let trace = settle::cli::tune::read_trace_file(&trace_path).unwrap();
@@ -149,7 +160,12 @@ fn run_file_shadow_figures_equal_settle_tune() {
         for (field, value) in figures {
             assert_eq!(got[field].as_u64(), Some(value), "{name} {field}: {got}");
         }
-        for (q, value) in [("p50", ttr.p50), ("p90", ttr.p90), ("p99", ttr.p99), ("max", ttr.max)] {
+        for (q, value) in [
+            ("p50", ttr.p50),
+            ("p90", ttr.p90),
+            ("p99", ttr.p99),
+            ("max", ttr.max),
+        ] {
             assert_eq!(
                 got["time_to_ready_ms"][q].as_u64(),
                 Some(value),
@@ -163,7 +179,10 @@ fn run_file_shadow_figures_equal_settle_tune() {
         assert!(want.emissions > 100, "{name}: {} emissions", want.emissions);
     }
     // The shadows differ from the live policy and each other: the check compares something.
-    let emissions: Vec<u64> = printed.iter().map(|v| v["emissions"].as_u64().unwrap()).collect();
+    let emissions: Vec<u64> = printed
+        .iter()
+        .map(|v| v["emissions"].as_u64().unwrap())
+        .collect();
     let mut distinct = emissions.clone();
     distinct.sort_unstable();
     distinct.dedup();

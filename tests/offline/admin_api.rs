@@ -401,7 +401,11 @@ async fn shadow_view_and_metrics_beside_the_live_policy() {
     assert_eq!(fast["name"], "fast");
     assert_eq!(fast["rule"], PolicySpec::fixed(1_000).to_string());
     assert_eq!(
-        (&fast["sessions"], &fast["refused_sessions"], &fast["refused_uploads"]),
+        (
+            &fast["sessions"],
+            &fast["refused_sessions"],
+            &fast["refused_uploads"]
+        ),
         (&Value::from(3), &Value::from(2), &Value::from(4)),
         "{v}"
     );
@@ -427,10 +431,7 @@ async fn shadow_view_and_metrics_beside_the_live_policy() {
         ),
         1.0
     );
-    assert_eq!(
-        m.sum(metrics::SHADOW_EMISSIONS, &[("shadow", "live")]),
-        1.0
-    );
+    assert_eq!(m.sum(metrics::SHADOW_EMISSIONS, &[("shadow", "live")]), 1.0);
     assert_eq!(m.sum(metrics::SHADOW_REFUSED_SESSIONS, &[]), 2.0);
     assert_eq!(m.sum(metrics::SHADOW_SESSIONS, &[]), 3.0);
     assert!(m.sum(metrics::SHADOW_SINCE, &[]) > 0.0);
