@@ -240,9 +240,10 @@ max-wait = "off"
             key_of("[runtime]\nshadow-max-sessions = 0"),
             "runtime.shadow-max-sessions"
         );
-        assert_eq!(
-            key_of("[[shadow]]\nname = \"a\"\nnope = 1"),
-            "shadow.0.nope"
+        let unknown = key_of("[[shadow]]\nname = \"a\"\nnope = 1");
+        assert!(
+            unknown.starts_with("shadow") && unknown.ends_with("nope"),
+            "{unknown}"
         );
     }
 }
