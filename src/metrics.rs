@@ -968,6 +968,7 @@ mod tests {
             policy: PolicyName::Fixed,
             last_event_id: None,
             attributes: None,
+            event_ids: None,
         };
         f.record(1, &e);
         f.refused_sessions = 3;

@@ -116,6 +116,10 @@ pub struct OverrideSetArgs {
     /// Max-wait: a duration, or `off` for none.
     #[arg(long, value_name = "DURATION|off")]
     pub max_wait: Option<String>,
+    /// Event ids each ready record of the tenant lists (`event-ids`, SEMANTICS §2; 0 to
+    /// 100 000, 0: none).
+    #[arg(long, value_name = "N")]
+    pub event_ids: Option<u32>,
     /// Pin the tenant to this tier (automatic demotion does not move it).
     #[arg(long)]
     pub tier: Option<String>,
@@ -586,6 +590,9 @@ fn override_body(a: &OverrideSetArgs) -> Value {
         }
     }
     let mut body = json!({ "version": a.version, "debounce": debounce, "reason": a.reason });
+    if let Some(n) = a.event_ids {
+        body["event_ids"] = json!(n);
+    }
     if let Some(t) = &a.tier {
         body["tier"] = json!(t);
     }
@@ -1009,6 +1016,7 @@ mod tests {
             min_delay: None,
             max_delay: None,
             max_wait: Some("off".into()),
+            event_ids: Some(64),
             tier: Some("normal".into()),
             expires_in: Some("72h".into()),
             expires_at: None,
@@ -1024,6 +1032,7 @@ mod tests {
             (Some(3), &json!("normal"), &json!("72h"))
         );
         assert!(b.get("expires_at").is_none());
+        assert_eq!(b["event_ids"], json!(64));
         assert_eq!(path_segment("a b/c:ü"), "a%20b%2Fc%3A%C3%BC");
     }
 }

@@ -101,7 +101,8 @@ pub fn specs(
         .iter()
         .map(|s| ShadowSpec {
             name: s.name.clone(),
-            policy: s.resolved(debounce).spec(),
+            // A shadow emits nothing, so it lists no event ids (whatever `[debounce]` keeps).
+            policy: s.resolved(debounce).spec().with_event_ids(0),
             max_sessions: max_sessions as usize,
         })
         .collect()
@@ -189,6 +190,7 @@ mod tests {
 policy = "fixed"
 delay = "10s"
 max-wait = "30m"
+event-ids = 64
 [debounce.tenants.acme]
 delay = "1s"
 [[shadow]]
@@ -212,6 +214,9 @@ max-wait = "off"
         assert_eq!(specs[1].policy.min_delay, 5_000);
         assert_eq!(specs[1].policy.max_wait, None);
         assert_eq!(specs[1].max_sessions, 100_000);
+        // Shadows emit nothing: they keep no event ids, whatever [debounce] lists.
+        assert!(specs.iter().all(|s| s.policy.event_ids == 0));
+        assert_eq!(c.policy_table().default.event_ids, 64);
         assert!(Config::default().shadow_specs().is_empty());
     }
 
