@@ -163,11 +163,12 @@ async fn run_async(args: RunFileArgs) -> anyhow::Result<RunFileReport> {
     if let Some((p, reason)) = summary.failed().first() {
         anyhow::bail!("partition {p} failed: {reason}");
     }
+    let shadows = std::mem::take(&mut *shadows.lock().unwrap_or_else(|e| e.into_inner()));
     Ok(RunFileReport {
         records: load.records,
         skipped: load.skipped,
         published: broker.output_len() as u64,
         dead_letters: broker.dead_letters().len() as u64,
-        shadows: std::mem::take(&mut *shadows.lock().unwrap_or_else(|e| e.into_inner())),
+        shadows,
     })
 }
