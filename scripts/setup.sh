@@ -12,6 +12,8 @@
 #   zlib1g-dev       rdkafka feature "libz"
 #   libclang-dev     bindgen (rocksdb crate) loads libclang at build time
 #   perl, python3    librdkafka's build scripts
+#   chromium, chromium-driver
+#                    UI tests: tests/e2e/ui_browser.rs drives headless Chromium through WebDriver
 # Idempotent: when everything is present it only runs dpkg-query and exits in well under a second.
 set -euo pipefail
 LOG_TAG=setup
@@ -23,13 +25,14 @@ case "${1:-}" in
 --check) CHECK_ONLY=1 ;;
 "") ;;
 -h | --help)
-    sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
     exit 0
     ;;
 *) die "unknown option: $1 (try --help)" ;;
 esac
 
-PACKAGES=(build-essential pkg-config libssl-dev zlib1g-dev libclang-dev perl python3)
+# UI tests: chromium chromium-driver
+PACKAGES=(build-essential pkg-config libssl-dev zlib1g-dev libclang-dev perl python3 chromium chromium-driver)
 
 # --- system packages -------------------------------------------------------------------------
 if command -v dpkg-query >/dev/null 2>&1; then
