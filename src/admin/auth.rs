@@ -16,6 +16,11 @@
 //!   refuses them all. `POST /v1/whoami` needs a token of either role and answers whose it
 //!   is.
 //! * **Reads** are open unless `admin.protect-reads`; then they need a token of either role.
+//! * **The operator page** (`/ui`, [`super::ui`]) follows the same rules: a `/ui` request
+//!   without an `Authorization` header presents the token its login cookie keeps, every
+//!   request under `/ui/` that is not a read is an action, and the login form, logout and the
+//!   browser files are open ([`super::ui::is_open`]). A refused `/ui` request is answered
+//!   with the login page and the reason (same status, count and audit record).
 //!
 //! A refused request gets 401 (no token, or one that matches none; with `WWW-Authenticate:
 //! Bearer`) or 403 (a read token on an action, or actions disabled), a JSON `{"error"}`, a
@@ -347,9 +352,12 @@ impl Default for Auth {
     }
 }
 
-/// Whether a request is an action (module docs): not a read, on a `/v1/` path.
+/// Whether a request is an action (module docs): not a read, on a `/v1/` path, or on a
+/// `/ui/` path other than the open ones (login, logout).
 pub fn is_action(method: &Method, path: &str) -> bool {
-    !(method == Method::GET || method == Method::HEAD) && path.starts_with("/v1/")
+    !(method == Method::GET || method == Method::HEAD)
+        && (path.starts_with("/v1/")
+            || (path.starts_with("/ui/") && !super::ui::is_open(method, path)))
 }
 
 /// The path of `POST /v1/whoami`.
@@ -426,6 +434,9 @@ impl Auth {
         let whoami = path == WHOAMI;
         let presented = authorization.and_then(bearer);
         let known = presented.and_then(|t| self.credentials.check(t));
+        if super::ui::is_open(method, path) {
+            return Ok(known.unwrap_or_else(Operator::anonymous));
+        }
         let who = || {
             known
                 .as_ref()
@@ -480,11 +491,21 @@ fn what(method: &Method, path: &str) -> String {
 /// The axum layer (module docs): lets a request through with its [`Operator`], or refuses
 /// it: counted, audited when it is an action, answered 401/403.
 pub(super) async fn layer(State(s): State<AdminState>, mut req: Request, next: Next) -> Response {
+    let ui = req.uri().path() == "/ui" || req.uri().path().starts_with("/ui/");
     let authorization = req
         .headers()
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
-    let decided = s.auth.decide(req.method(), req.uri().path(), authorization);
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        // The operator page's login cookie stands for the header (module docs).
+        .or_else(|| {
+            ui.then(|| super::ui::cookie_token(req.headers()))
+                .flatten()
+                .map(|t| format!("Bearer {t}"))
+        });
+    let decided = s
+        .auth
+        .decide(req.method(), req.uri().path(), authorization.as_deref());
     match decided {
         Ok(operator) => {
             req.extensions_mut().insert(operator);
@@ -515,6 +536,9 @@ pub(super) async fn layer(State(s): State<AdminState>, mut req: Request, next: N
                 .await;
             }
             tracing::debug!(%who, reason = refusal.as_str(), method = %req.method(), path, "admin request refused");
+            if ui {
+                return super::ui::refused(&s, req.headers(), refusal);
+            }
             let mut response = error(refusal.status(), refusal.message());
             if refusal.status() == StatusCode::UNAUTHORIZED {
                 let challenge = match refusal {
@@ -688,6 +712,27 @@ mod tests {
             (Refusal::ActionsDisabled, "alice".into())
         );
         assert!(off.decide(&post, WHOAMI, Some(&bearer_op)).is_ok());
+        // The operator page: its forms are actions, its login and files are open.
+        assert_eq!(
+            refused(auth.decide(&post, "/ui/actions", Some(&bearer_rd))).0,
+            Refusal::Forbidden
+        );
+        assert_eq!(
+            refused(auth.decide(&post, "/ui/tenants/acme/override", None)).0,
+            Refusal::MissingToken
+        );
+        assert!(auth.decide(&post, "/ui/actions", Some(&bearer_op)).is_ok());
+        assert!(auth.decide(&get, "/ui/pending", None).is_ok());
+        assert_eq!(
+            refused(protected.decide(&get, "/ui/pending", None)).0,
+            Refusal::MissingToken
+        );
+        assert!(protected.decide(&post, "/ui/login", None).is_ok());
+        assert!(protected.decide(&get, "/ui/assets/ui.css", None).is_ok());
+        assert_eq!(
+            refused(off.decide(&post, "/ui/actions", Some(&bearer_op))).0,
+            Refusal::ActionsDisabled
+        );
         // No token configured: actions open, as anonymous.
         let open = Auth::default();
         assert_eq!(

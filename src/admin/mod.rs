@@ -25,6 +25,7 @@
 //! | `POST /v1/whoami` | the caller's credential name and role (needs a token of either role when tokens are configured), and whether actions are on and reads protected |
 //! | `GET /v1/shadow` | the `[[shadow]]` policies beside the live one (SEMANTICS §8): per policy and tier, emissions (would-be, for a shadow), uploads per emission, time-to-ready p50/p99 (`due_at − last_upload_at`, ms, as `settle tune` has it); each shadow's sessions held and refused within `runtime.shadow-max-sessions`; when the figures start (`since`, per partition: they start empty at each assignment) |
 //! | `GET /v1/sessions/{tenant}/{session}` | the session's CallTrack, open round and next due time, asked of the partition task that holds it (SEMANTICS §4); 404 when no partition owned here holds it |
+//! | `/ui`, `/ui/...` | the operator page: HTML views of the above, login, flush/cancel and override forms ([`ui`]) |
 //!
 //! Errors are JSON `{"error": "..."}`: 400 for a path segment that is not a valid tenant or
 //! session (SEMANTICS §2) or not UTF-8, or a bad parameter or body (the message names it),
@@ -39,6 +40,7 @@ pub mod auth;
 mod overrides;
 mod pending;
 pub mod tls;
+pub mod ui;
 mod views;
 
 pub use auth::{Auth, Operator, Role};
@@ -91,6 +93,8 @@ pub struct AdminState {
     auth: Auth,
     /// The shadow policies' figures (SEMANTICS §8).
     shadows: ShadowBoard,
+    /// Whether the listener speaks TLS (the operator page's cookie is then `Secure`).
+    tls: bool,
 }
 
 impl AdminState {
@@ -109,6 +113,7 @@ impl AdminState {
             overrides: runtime.overrides(),
             auth: Auth::default(),
             shadows: runtime.shadows(),
+            tls: false,
         }
     }
 
@@ -150,6 +155,7 @@ pub fn router(state: AdminState) -> axum::Router {
         .route(auth::WHOAMI, axum::routing::post(auth::whoami))
         // A session may contain `/` (SEMANTICS §2): the rest of the path is the session.
         .route("/v1/sessions/{tenant}/{*session}", get(views::session))
+        .merge(ui::routes())
         .fallback(not_found)
         .with_state(state)
         .layer(checked)
@@ -196,10 +202,11 @@ impl AdminServer {
     /// Errors: as [`AdminServer::start`].
     pub async fn start_with(
         listen: SocketAddr,
-        state: AdminState,
+        mut state: AdminState,
         tls: Option<Arc<rustls::ServerConfig>>,
     ) -> anyhow::Result<Self> {
         state.auth.check_listen(listen)?;
+        state.tls = tls.is_some();
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .with_context(|| format!("admin.listen: cannot listen on {listen}"))?;
@@ -217,7 +224,7 @@ impl AdminServer {
             None => serve(listener, app, shutdown),
             Some(config) => serve(tls::TlsListener::new(listener, config)?, app, shutdown),
         };
-        tracing::info!(%addr, scheme, tokens, actions, protect_reads, "admin server listening: /metrics /healthz /readyz /v1/partitions /v1/pending /v1/pending/summary /v1/actions /v1/audit /v1/whoami /v1/tenants/{{tenant}} /v1/tenants/{{tenant}}/override /v1/overrides /v1/shadow /v1/sessions/{{tenant}}/{{session}}");
+        tracing::info!(%addr, scheme, tokens, actions, protect_reads, "admin server listening: /metrics /healthz /readyz /v1/partitions /v1/pending /v1/pending/summary /v1/actions /v1/audit /v1/whoami /v1/tenants/{{tenant}} /v1/tenants/{{tenant}}/override /v1/overrides /v1/shadow /v1/sessions/{{tenant}}/{{session}} /ui");
         Ok(AdminServer { addr, stop, task })
     }
 

@@ -55,3 +55,4 @@ mod shadow_run_file;
 mod signals;
 mod tune_kafka;
 mod tune_nats;
+mod ui_browser;
