@@ -22,6 +22,7 @@ mod admin_api;
 mod admin_auth;
 mod admin_overrides;
 mod admin_pending;
+mod admin_ui;
 mod codec_schema;
 mod engine_model;
 mod engine_purity;

@@ -33,6 +33,18 @@ pub async fn try_exchange(
     headers: &[(&str, &str)],
     body: Option<&str>,
 ) -> std::io::Result<(u16, String, String)> {
+    try_exchange_typed(addr, method, path, headers, body.map(|b| ("application/json", b))).await
+}
+
+/// [`try_exchange`] with a body of any content type (`(content type, body)`), e.g. an HTML
+/// form's `application/x-www-form-urlencoded`.
+pub async fn try_exchange_typed(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<(&str, &str)>,
+) -> std::io::Result<(u16, String, String)> {
     let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_owned());
     let mut s = tokio::net::TcpStream::connect(addr).await?;
     let mut request =
@@ -40,9 +52,9 @@ pub async fn try_exchange(
     for (k, v) in headers {
         request.push_str(&format!("{k}: {v}\r\n"));
     }
-    if let Some(b) = body {
+    if let Some((content_type, b)) = body {
         request.push_str(&format!(
-            "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",
+            "Content-Type: {content_type}\r\nContent-Length: {}\r\n\r\n{b}",
             b.len()
         ));
     } else {

@@ -97,7 +97,7 @@ pub(super) async fn action(
     let outcomes = v["outcomes"].as_array().cloned().unwrap_or_default();
     let body = html! {
         @if code.is_success() {
-            p.ok role="status" #result { "Result: " strong { (v["result"].as_str().unwrap_or("?")) } @if code == StatusCode::ACCEPTED { " (still in flight: look it up in the audit)" } }
+            p.ok #result role="status" { "Result: " strong { (v["result"].as_str().unwrap_or("?")) } @if code == StatusCode::ACCEPTED { " (still in flight: look it up in the audit)" } }
             dl.facts {
                 dt { "Request id" } dd { code { (v["request_id"].as_str().unwrap_or("")) } }
                 dt { "Sessions / uploads" } dd { (v["sessions"]) " / " (v["uploads"]) }

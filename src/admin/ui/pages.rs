@@ -165,7 +165,7 @@ pub(super) async fn overview(State(s): State<AdminState>, headers: HeaderMap) ->
             figure { figcaption { "Uploads in and ready records out, per second" } div #chart-rates data-poll-ms=(POLL_MS) {} }
             figure { figcaption { "Open rounds and coalescing (uploads per ready record)" } div #chart-pending {} }
         }
-        script type="application/json" #stats-init { (script_json(&serde_json::to_value(&st).unwrap_or_default())) }
+        script #stats-init type="application/json" { (script_json(&serde_json::to_value(&st).unwrap_or_default())) }
         (live_tables(&st, &sum))
     };
     layout_with("Overview", "Overview", &frame, true, body).into_response()
@@ -236,7 +236,7 @@ pub(super) async fn pending(
                 ". Rounds in due-time order per partition; a column heading sorts this page."
             }
             div.scroll {
-                table #pending.sortable {
+                table.sortable #pending {
                     thead { tr {
                         th scope="col" { button type="button" data-sort="text" { "session" } }
                         th scope="col" { button type="button" data-sort="num" { "partition" } }
