@@ -56,7 +56,9 @@ fn browser_bins(test: &str) -> Option<(PathBuf, PathBuf)> {
         chromium.display(),
         driver.display()
     );
-    println!("no chromium/chromedriver: {test} did NOT run (apt-get install chromium chromium-driver)");
+    println!(
+        "no chromium/chromedriver: {test} did NOT run (apt-get install chromium chromium-driver)"
+    );
     None
 }
 
@@ -137,7 +139,11 @@ async fn wait_text(c: &Client, css: &str, needle: &str) -> Result<String> {
             return Ok(text);
         }
         if started.elapsed() > PATIENCE {
-            let url = c.current_url().await.map(|u| u.to_string()).unwrap_or_default();
+            let url = c
+                .current_url()
+                .await
+                .map(|u| u.to_string())
+                .unwrap_or_default();
             bail!("{css} of {url} never contained {needle:?}; it says: {text}");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -191,7 +197,12 @@ fn uploads() -> Vec<(String, String)> {
     for t in 1..=12 {
         for s in 0..2 {
             for i in 0..(3 + t % 5) {
-                push(&format!("tenant-{t:03}"), &format!("s{s}"), format!("u{i}"), "");
+                push(
+                    &format!("tenant-{t:03}"),
+                    &format!("s{s}"),
+                    format!("u{i}"),
+                    "",
+                );
             }
         }
     }
@@ -262,13 +273,11 @@ impl Run {
         let started = Instant::now();
         loop {
             let applied = match try_get(self.addr, "/v1/partitions").await {
-                Ok((200, body)) => serde_json::from_str::<Value>(&body)
-                    .ok()
-                    .and_then(|v| {
-                        v["partitions"]
-                            .as_array()
-                            .map(|a| a.iter().filter_map(|p| p["records"].as_u64()).sum::<u64>())
-                    }),
+                Ok((200, body)) => serde_json::from_str::<Value>(&body).ok().and_then(|v| {
+                    v["partitions"]
+                        .as_array()
+                        .map(|a| a.iter().filter_map(|p| p["records"].as_u64()).sum::<u64>())
+                }),
                 _ => None,
             };
             if applied == Some(records) {
@@ -308,12 +317,17 @@ async fn ui_browser_login_find_flush_audit_override() -> Result<()> {
     }
     // Two bad records: dead letters by reason on the Overview.
     setup.publish_to(0, "acme/bad", b"{not json").await?;
-    setup.publish_to(1, "acme/bad2", br#"{"tenant":"acme"}"#).await?;
+    setup
+        .publish_to(1, "acme/bad2", br#"{"tenant":"acme"}"#)
+        .await?;
     let run = Run::start(&setup, dir.path(), "1h")?;
     run.wait_records(list.len() as u64 + 2).await?;
     // The trickle's four sessions emit (3 s delay) before the flush.
     let trickle = setup.emitted("normal", 4).await?;
-    ensure!(trickle.iter().all(|e| e.key.tenant() == "trickle-co"), "{trickle:?}");
+    ensure!(
+        trickle.iter().all(|e| e.key.tenant() == "trickle-co"),
+        "{trickle:?}"
+    );
 
     let browser = Browser::start(&chromium, &driver, 1280, 1000).await?;
     let c = &browser.client;
@@ -322,12 +336,24 @@ async fn ui_browser_login_find_flush_audit_override() -> Result<()> {
         // A wrong token is refused, in the page.
         c.goto(&format!("{base}/ui/login")).await?;
         shot(c, "login").await?;
-        c.find(Locator::Css("#token")).await?.send_keys("wrong-token-0123456789abcdef").await?;
-        c.find(Locator::Css("form.login button")).await?.click().await?;
+        c.find(Locator::Css("#token"))
+            .await?
+            .send_keys("wrong-token-0123456789abcdef")
+            .await?;
+        c.find(Locator::Css("form.login button"))
+            .await?
+            .click()
+            .await?;
         wait_text(c, "main", "The token matches no configured credential").await?;
         // Log in.
-        c.find(Locator::Css("#token")).await?.send_keys(TOKEN).await?;
-        c.find(Locator::Css("form.login button")).await?.click().await?;
+        c.find(Locator::Css("#token"))
+            .await?
+            .send_keys(TOKEN)
+            .await?;
+        c.find(Locator::Css("form.login button"))
+            .await?
+            .click()
+            .await?;
         wait_text(c, "header .who", "alice (operator)").await?;
         ensure!(
             !c.source().await?.contains(TOKEN),
@@ -337,20 +363,37 @@ async fn ui_browser_login_find_flush_audit_override() -> Result<()> {
         c.goto(&format!("{base}/ui/pending")).await?;
         wait_text(c, "#pending", "tenant-001/s0").await?;
         shot(c, "pending").await?;
-        c.find(Locator::Css("input[name=tenant]")).await?.send_keys("acme").await?;
-        c.find(Locator::Css("form.filters button[type=submit]")).await?.click().await?;
+        c.find(Locator::Css("input[name=tenant]"))
+            .await?
+            .send_keys("acme")
+            .await?;
+        c.find(Locator::Css("form.filters button[type=submit]"))
+            .await?
+            .click()
+            .await?;
         let table = wait_text(c, "#pending", "acme/build-4711").await?;
         ensure!(
             !table.contains("tenant-001") && table.contains("acme/build-4712"),
             "filtered by tenant acme: {table}"
         );
         // The session: why it waits, then flush with a reason and a confirmation.
-        c.find(Locator::LinkText("acme/build-4711")).await?.click().await?;
+        c.find(Locator::LinkText("acme/build-4711"))
+            .await?
+            .click()
+            .await?;
         wait_text(c, "#why", "debounce").await?;
         wait_text(c, "main", "40").await?;
         shot(c, "session").await?;
-        c.find(Locator::Css("#reason-flush")).await?.send_keys("INC-42: results never arrived").await?;
-        c.find(Locator::Css("form.action:has(#reason-flush) button[type=submit]")).await?.click().await?;
+        c.find(Locator::Css("#reason-flush"))
+            .await?
+            .send_keys("INC-42: results never arrived")
+            .await?;
+        c.find(Locator::Css(
+            "form.action:has(#reason-flush) button[type=submit]",
+        ))
+        .await?
+        .click()
+        .await?;
         wait_text(c, "main", "You are about to flush").await?;
         shot(c, "confirm").await?;
         c.find(Locator::Css("#confirm")).await?.click().await?;
@@ -368,16 +411,34 @@ async fn ui_browser_login_find_flush_audit_override() -> Result<()> {
         // The audit entry.
         c.goto(&format!("{base}/ui/audit")).await?;
         let audit = wait_text(c, "#audit", "INC-42: results never arrived").await?;
-        ensure!(audit.contains("alice") && audit.contains("flush"), "{audit}");
+        ensure!(
+            audit.contains("alice") && audit.contains("flush"),
+            "{audit}"
+        );
         shot(c, "audit").await?;
         // An override on the tenant page, listed there and on Tenants.
         c.goto(&format!("{base}/ui/tenants/acme")).await?;
         wait_text(c, "#override", "No override").await?;
-        c.find(Locator::Css("#policy")).await?.select_by_value("fixed").await?;
-        c.find(Locator::Css("#delay")).await?.send_keys("2m").await?;
-        c.find(Locator::Css("#expires_in")).await?.send_keys("2h").await?;
-        c.find(Locator::Css("#reason-set")).await?.send_keys("INC-43: calm acme until the fix").await?;
-        c.find(Locator::Css("form.action button[type=submit]")).await?.click().await?;
+        c.find(Locator::Css("#policy"))
+            .await?
+            .select_by_value("fixed")
+            .await?;
+        c.find(Locator::Css("#delay"))
+            .await?
+            .send_keys("2m")
+            .await?;
+        c.find(Locator::Css("#expires_in"))
+            .await?
+            .send_keys("2h")
+            .await?;
+        c.find(Locator::Css("#reason-set"))
+            .await?
+            .send_keys("INC-43: calm acme until the fix")
+            .await?;
+        c.find(Locator::Css("form.action button[type=submit]"))
+            .await?
+            .click()
+            .await?;
         wait_text(c, "main", "override set: version 1").await?;
         let o = wait_text(c, "#override", "fixed").await?;
         ensure!(o.contains("INC-43") && o.contains("alice"), "{o}");
@@ -406,13 +467,17 @@ async fn ui_browser_login_find_flush_audit_override() -> Result<()> {
             if points.as_u64().unwrap_or(0) >= 4 {
                 break;
             }
-            ensure!(started.elapsed() < PATIENCE, "the charts drew {points} readings");
+            ensure!(
+                started.elapsed() < PATIENCE,
+                "the charts drew {points} readings"
+            );
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
         shot(c, "overview").await?;
         // A phone's width.
         c.set_window_size(390, 844).await?;
-        c.goto(&format!("{base}/ui/pending?tenant=split-co")).await?;
+        c.goto(&format!("{base}/ui/pending?tenant=split-co"))
+            .await?;
         wait_text(c, "#pending", "split-co/run-3").await?;
         shot(c, "pending-phone").await?;
         Ok::<_, anyhow::Error>(())
@@ -471,7 +536,10 @@ async fn ui_pending_page_with_10k_rounds() -> Result<()> {
         ("first visit, 100 rows", "/ui/pending"),
         ("cached assets, 100 rows", "/ui/pending"),
         ("cached assets, 1000 rows", "/ui/pending?limit=1000"),
-        ("cached assets, tenant filter", "/ui/pending?tenant=tenant-007"),
+        (
+            "cached assets, tenant filter",
+            "/ui/pending?tenant=tenant-007",
+        ),
         ("overview", "/ui"),
     ] {
         c.goto(&format!("{base}{path}")).await?;

@@ -60,7 +60,9 @@ async fn get_page(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> (u1
 
 /// The value of the first `name="csrf"` hidden input of a page.
 fn csrf_of(page: &str) -> String {
-    let at = page.find(r#"name="csrf" value=""#).expect("a form with a CSRF token");
+    let at = page
+        .find(r#"name="csrf" value=""#)
+        .expect("a form with a CSRF token");
     let rest = &page[at + r#"name="csrf" value=""#.len()..];
     rest[..rest.find('"').unwrap()].to_owned()
 }
@@ -109,7 +111,8 @@ async fn the_page_logs_in_reads_and_acts_under_the_api_rules() {
     .expect("runtime applies every upload");
 
     // Login: a wrong token is refused in the page, no cookie.
-    let (code, head, body) = post_form(addr, "/ui/login", &[], "token=alice-wrong-wrong-wrong").await;
+    let (code, head, body) =
+        post_form(addr, "/ui/login", &[], "token=alice-wrong-wrong-wrong").await;
     assert_eq!(code, 401, "{body}");
     assert!(body.contains("matches no configured credential"), "{body}");
     assert!(!head.contains("set-cookie"), "{head}");
@@ -132,7 +135,10 @@ async fn the_page_logs_in_reads_and_acts_under_the_api_rules() {
     // Reading: the pending list, and the API's 400 for a bad filter.
     let (code, page) = get_page(addr, "/ui/pending?tenant=acme", &as_alice).await;
     assert_eq!(code, 200);
-    assert!(page.contains("acme/s1") && page.contains("alice (operator)"), "{page}");
+    assert!(
+        page.contains("acme/s1") && page.contains("alice (operator)"),
+        "{page}"
+    );
     assert!(!page.contains(OPERATOR_TOKEN), "the page shows the token");
     let (code, page) = get_page(addr, "/ui/pending?min_uploads=lots", &[]).await;
     assert_eq!(code, 400);
@@ -183,7 +189,10 @@ async fn the_page_logs_in_reads_and_acts_under_the_api_rules() {
     let ask = flush.replace("&confirm=yes", "");
     let (code, _, body) = post_form(addr, "/ui/actions", &as_alice, &ask).await;
     assert_eq!(code, 200, "{body}");
-    assert!(body.contains("You are about to") && body.contains("confirm"), "{body}");
+    assert!(
+        body.contains("You are about to") && body.contains("confirm"),
+        "{body}"
+    );
     let (code, _, body) = post_form(
         addr,
         "/ui/actions",
@@ -207,7 +216,17 @@ async fn the_page_logs_in_reads_and_acts_under_the_api_rules() {
     );
 
     // Every view answers.
-    for path in ["/ui", "/ui/tenants", "/ui/tenants/acme", "/ui/partitions", "/ui/whatif", "/ui/audit", "/ui/stats.json", "/ui/overview/live", "/ui/assets/htmx.min.js"] {
+    for path in [
+        "/ui",
+        "/ui/tenants",
+        "/ui/tenants/acme",
+        "/ui/partitions",
+        "/ui/whatif",
+        "/ui/audit",
+        "/ui/stats.json",
+        "/ui/overview/live",
+        "/ui/assets/htmx.min.js",
+    ] {
         let (code, page) = get_page(addr, path, &as_alice).await;
         assert_eq!(code, 200, "{path}: {page}");
         assert!(!page.contains(OPERATOR_TOKEN), "{path} shows the token");

@@ -33,7 +33,14 @@ pub async fn try_exchange(
     headers: &[(&str, &str)],
     body: Option<&str>,
 ) -> std::io::Result<(u16, String, String)> {
-    try_exchange_typed(addr, method, path, headers, body.map(|b| ("application/json", b))).await
+    try_exchange_typed(
+        addr,
+        method,
+        path,
+        headers,
+        body.map(|b| ("application/json", b)),
+    )
+    .await
 }
 
 /// [`try_exchange`] with a body of any content type (`(content type, body)`), e.g. an HTML

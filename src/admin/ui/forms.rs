@@ -33,7 +33,10 @@ pub(super) struct ActionForm {
 }
 
 fn bad_form(e: FormRejection) -> Response {
-    page_error(StatusCode::BAD_REQUEST, &format!("bad form: {}", e.body_text()))
+    page_error(
+        StatusCode::BAD_REQUEST,
+        &format!("bad form: {}", e.body_text()),
+    )
 }
 
 fn csrf_refused() -> Response {
@@ -58,7 +61,10 @@ pub(super) async fn action(
         return csrf_refused();
     }
     let frame = Frame::of(&s, &headers);
-    let (tenant, session) = f.session.split_once('/').unwrap_or((f.session.as_str(), ""));
+    let (tenant, session) = f
+        .session
+        .split_once('/')
+        .unwrap_or((f.session.as_str(), ""));
     let back = session_href(tenant, session);
     if f.confirm != "yes" {
         let body = html! {
@@ -81,8 +87,13 @@ pub(super) async fn action(
                 }
             }
         };
-        return layout(&format!("Confirm: {} {}", f.kind, f.session), "Pending", &frame, body)
-            .into_response();
+        return layout(
+            &format!("Confirm: {} {}", f.kind, f.session),
+            "Pending",
+            &frame,
+            body,
+        )
+        .into_response();
     }
     let request: actions::ActionRequest = match serde_json::from_value(json!({
         "kind": f.kind,
@@ -108,7 +119,16 @@ pub(super) async fn action(
         }
         p { a href=(back) { "Back to the session" } " · " a href="/ui/audit" { "Audit" } }
     };
-    (code, layout(&format!("{} {}", f.kind, f.session), "Pending", &frame, body)).into_response()
+    (
+        code,
+        layout(
+            &format!("{} {}", f.kind, f.session),
+            "Pending",
+            &frame,
+            body,
+        ),
+    )
+        .into_response()
 }
 
 /// The override form.
@@ -146,13 +166,28 @@ fn version_of(text: &str) -> Result<u64, Response> {
 }
 
 /// After a write: the tenant page with what happened, or the API's refusal.
-fn written(s: &AdminState, headers: &HeaderMap, tenant: &str, what: &str, code: StatusCode, v: &Value) -> Response {
+fn written(
+    s: &AdminState,
+    headers: &HeaderMap,
+    tenant: &str,
+    what: &str,
+    code: StatusCode,
+    v: &Value,
+) -> Response {
     if code.is_success() {
         let version = v["override"]["version"].as_u64().unwrap_or(0);
-        let state = if code == StatusCode::ACCEPTED { "stored, not applied here yet" } else { "applied" };
+        let state = if code == StatusCode::ACCEPTED {
+            "stored, not applied here yet"
+        } else {
+            "applied"
+        };
         let msg = format!("{what}: version {version}, {state}");
-        return Redirect::to(&format!("{}?done={}", tenant_href(tenant), super::pages::encode(&msg, false)))
-            .into_response();
+        return Redirect::to(&format!(
+            "{}?done={}",
+            tenant_href(tenant),
+            super::pages::encode(&msg, false)
+        ))
+        .into_response();
     }
     let frame = Frame::of(s, headers);
     let body = html! {
@@ -160,7 +195,11 @@ fn written(s: &AdminState, headers: &HeaderMap, tenant: &str, what: &str, code: 
         @if code == StatusCode::CONFLICT { p { "Another change came first (now version " (v["version"]) "): reload the tenant page and try again." } }
         p { a href=(tenant_href(tenant)) { "Back to " (tenant) } }
     };
-    (code, layout(&format!("Tenant {tenant}"), "Tenants", &frame, body)).into_response()
+    (
+        code,
+        layout(&format!("Tenant {tenant}"), "Tenants", &frame, body),
+    )
+        .into_response()
 }
 
 /// `POST /ui/tenants/{tenant}/override`: `PUT /v1/tenants/{tenant}/override`.
@@ -207,7 +246,13 @@ pub(super) async fn set_override(
         Err(e) => return page_error(StatusCode::BAD_REQUEST, &format!("debounce: {e}")),
     };
     let (code, v) = answer_json(
-        overrides::put(State(s.clone()), operator, Ok(Path(tenant.clone())), Ok(Json(put))).await,
+        overrides::put(
+            State(s.clone()),
+            operator,
+            Ok(Path(tenant.clone())),
+            Ok(Json(put)),
+        )
+        .await,
     )
     .await;
     written(&s, &headers, &tenant, "override set", code, &v)
@@ -249,8 +294,13 @@ pub(super) async fn remove_override(
             Err(e) => return page_error(StatusCode::BAD_REQUEST, &e.to_string()),
         };
     let (code, v) = answer_json(
-        overrides::delete(State(s.clone()), operator, Ok(Path(tenant.clone())), Ok(Query(query)))
-            .await,
+        overrides::delete(
+            State(s.clone()),
+            operator,
+            Ok(Path(tenant.clone())),
+            Ok(Query(query)),
+        )
+        .await,
     )
     .await;
     written(&s, &headers, &tenant, "override removed", code, &v)

@@ -343,7 +343,11 @@ pub(super) fn page_error(code: StatusCode, message: &str) -> Response {
         p.error role="alert" { (message) }
         p { a href="/ui" { "Back to the overview" } }
     };
-    (code, layout(&format!("{}", code.as_u16()), "", &frame, body)).into_response()
+    (
+        code,
+        layout(&code.as_u16().to_string(), "", &frame, body),
+    )
+        .into_response()
 }
 
 /// The login page, with `message` (an error) when given.
@@ -433,8 +437,10 @@ async fn login(
     };
     tracing::info!(who = %operator.name, role = operator.role.as_str(), "operator page: logged in");
     let mut r = Redirect::to("/ui").into_response();
-    r.headers_mut()
-        .insert(header::SET_COOKIE, cookie(&hex(token.as_bytes()), None, s.tls));
+    r.headers_mut().insert(
+        header::SET_COOKIE,
+        cookie(&hex(token.as_bytes()), None, s.tls),
+    );
     r
 }
 
@@ -480,10 +486,7 @@ mod tests {
             .unwrap(),
         );
         assert_eq!(cookie_token(&h).as_deref(), Some("0123456789abcdef-tok"));
-        h.insert(
-            header::COOKIE,
-            HeaderValue::from_static("settle_ui=zz"),
-        );
+        h.insert(header::COOKIE, HeaderValue::from_static("settle_ui=zz"));
         assert_eq!(cookie_token(&h), None);
     }
 
@@ -501,7 +504,10 @@ mod tests {
     fn cross_site_posts_are_refused() {
         let mut h = HeaderMap::new();
         h.insert("host", HeaderValue::from_static("127.0.0.1:9464"));
-        assert!(same_origin_ok(&h), "no Origin, no Sec-Fetch-Site: not a browser");
+        assert!(
+            same_origin_ok(&h),
+            "no Origin, no Sec-Fetch-Site: not a browser"
+        );
         h.insert("origin", HeaderValue::from_static("http://127.0.0.1:9464"));
         assert!(same_origin_ok(&h));
         h.insert("origin", HeaderValue::from_static("https://evil.example"));

@@ -7,7 +7,7 @@ use super::super::{actions, overrides, pending, views, AdminState};
 use super::stats::{self, Stats};
 use super::{answer_json, layout, layout_with, page_error, script_json, time, Frame, POLL_MS};
 use crate::codec::action::SessionFilter;
-use axum::extract::{Path, Query, RawQuery, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use maud::{html, Markup};
@@ -30,7 +30,11 @@ pub(super) fn encode(text: &str, keep_slash: bool) -> String {
 
 /// The page of one session.
 pub(super) fn session_href(tenant: &str, session: &str) -> String {
-    format!("/ui/sessions/{}/{}", encode(tenant, false), encode(session, true))
+    format!(
+        "/ui/sessions/{}/{}",
+        encode(tenant, false),
+        encode(session, true)
+    )
 }
 
 /// The page of one tenant.
@@ -71,7 +75,9 @@ fn countdown(rfc3339: Option<&str>) -> Markup {
 /// What a `waiting` value means, for an operator.
 fn waiting_text(w: &str) -> &'static str {
     match w {
-        "debounce" => "uploads keep arriving: each one moves the due time by the delay (max-wait bounds it)",
+        "debounce" => {
+            "uploads keep arriving: each one moves the due time by the delay (max-wait bounds it)"
+        }
         "max_wait" => "the max-wait bound comes before the debounce due time",
         "overdue" => "due already: released at runtime.catch-up-rate after a restart or backlog",
         _ => "",
@@ -194,10 +200,16 @@ pub(super) async fn pending(
         .filter(|(_, v)| !v.trim().is_empty())
         .map(|(k, v)| (k, v.trim().to_owned()))
         .collect();
-    let (code, page) = answer_json(pending::list(State(s.clone()), Ok(Query(q.clone()))).await).await;
+    let (code, page) =
+        answer_json(pending::list(State(s.clone()), Ok(Query(q.clone()))).await).await;
     let frame = Frame::of(&s, &headers);
     let get = |k: &str| q.get(k).map_or("", String::as_str);
-    let tiers: Vec<String> = s.router.tiers().tiers().map(|(n, _)| n.to_owned()).collect();
+    let tiers: Vec<String> = s
+        .router
+        .tiers()
+        .tiers()
+        .map(|(n, _)| n.to_owned())
+        .collect();
     let next = page["next_cursor"].as_str().map(|c| {
         let mut q2 = q.clone();
         q2.insert("cursor".into(), c.to_owned());
@@ -291,10 +303,17 @@ pub(super) async fn session(
     path: Result<Path<(String, String)>, axum::extract::rejection::PathRejection>,
 ) -> Response {
     let Ok(Path((tenant, session))) = path else {
-        return page_error(StatusCode::BAD_REQUEST, "not a session path: /ui/sessions/TENANT/SESSION");
+        return page_error(
+            StatusCode::BAD_REQUEST,
+            "not a session path: /ui/sessions/TENANT/SESSION",
+        );
     };
     let (code, v) = answer_json(
-        views::session(State(s.clone()), Ok(Path((tenant.clone(), session.clone())))).await,
+        views::session(
+            State(s.clone()),
+            Ok(Path((tenant.clone(), session.clone()))),
+        )
+        .await,
     )
     .await;
     let frame = Frame::of(&s, &headers);
@@ -370,7 +389,14 @@ pub(super) async fn session(
 }
 
 /// `GET /ui/tenants`: the tenants with open rounds here or an override.
-pub(super) async fn tenants(State(s): State<AdminState>, headers: HeaderMap) -> Response {
+pub(super) async fn tenants(
+    State(s): State<AdminState>,
+    headers: HeaderMap,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Response {
+    if let Some(t) = q.get("t").map(|t| t.trim()).filter(|t| !t.is_empty()) {
+        return axum::response::Redirect::to(&tenant_href(t)).into_response();
+    }
     let now = (s.wall)();
     let sum = s.sessions.pending_summary(SessionFilter::default()).await;
     let set = s.overrides.snapshot();
@@ -392,7 +418,7 @@ pub(super) async fn tenants(State(s): State<AdminState>, headers: HeaderMap) -> 
                     td.num { (router.rate_of(t, now)) " / " (limit) }
                     td.num { (p.map_or(0, |p| p.rounds.iter().sum::<u64>())) }
                     td.num { (p.map_or(0, |p| p.uploads)) }
-                    td { @match o { Some(o) => { "v" (o.version) @if let Some(e) = o.expires_at { ", until " (time(Some(&crate::codec::format_rfc3339_ms(e)))) } }, None => "—" } }
+                    td { @match o { Some(o) => { "v" (o.version) @if let Some(e) = o.expires_at { ", until " (time(Some(&crate::codec::format_rfc3339_ms(e)))) } }, None => { "—" } } }
                 } }
             })
             .collect()
@@ -414,7 +440,7 @@ pub(super) async fn tenants(State(s): State<AdminState>, headers: HeaderMap) -> 
                 @if rows.is_empty() { tr { td colspan="6" { "no tenant with open rounds or an override" } } }
             }
         } }
-        form.inline method="get" action="/ui/tenants/" onsubmit="location.href='/ui/tenants/'+encodeURIComponent(this.t.value);return false" {
+        form.inline method="get" action="/ui/tenants" {
             label for="t" { "Open a tenant" } input #t name="t" required; button type="submit" { "Open" }
         }
     };
@@ -426,27 +452,37 @@ pub(super) async fn tenant(
     State(s): State<AdminState>,
     headers: HeaderMap,
     path: Result<Path<String>, axum::extract::rejection::PathRejection>,
-    RawQuery(raw): RawQuery,
+    Query(q): Query<BTreeMap<String, String>>,
 ) -> Response {
     let Ok(Path(name)) = path else {
-        return page_error(StatusCode::BAD_REQUEST, "not a tenant path: /ui/tenants/TENANT");
+        return page_error(
+            StatusCode::BAD_REQUEST,
+            "not a tenant path: /ui/tenants/TENANT",
+        );
     };
-    let (code, v) = answer_json(views::tenant(State(s.clone()), Ok(Path(name.clone()))).await).await;
+    let (code, v) =
+        answer_json(views::tenant(State(s.clone()), Ok(Path(name.clone()))).await).await;
     let frame = Frame::of(&s, &headers);
     let title = format!("Tenant {name}");
     if code != StatusCode::OK {
         let body = html! { p.error role="alert" { (text(&v["error"])) } };
         return (code, layout(&title, "Tenants", &frame, body)).into_response();
     }
-    let done = raw
-        .as_deref()
-        .and_then(|q| q.strip_prefix("done="))
-        .map(|m| m.replace('+', " "));
+    let done = q.get("done");
     let rules = &v["rules"];
     let o = &rules["override"];
     let in_force = o["in_force"].as_bool().unwrap_or(false);
-    let version = if o.is_null() { 0 } else { o["version"].as_u64().unwrap_or(0) };
-    let tiers: Vec<String> = s.router.tiers().tiers().map(|(n, _)| n.to_owned()).collect();
+    let version = if o.is_null() {
+        0
+    } else {
+        o["version"].as_u64().unwrap_or(0)
+    };
+    let tiers: Vec<String> = s
+        .router
+        .tiers()
+        .tiers()
+        .map(|(n, _)| n.to_owned())
+        .collect();
     let href = tenant_href(&name);
     let body = html! {
         @if let Some(m) = done { p.ok role="status" { (m) } }
@@ -617,7 +653,10 @@ mod tests {
 
     #[test]
     fn urls_are_encoded() {
-        assert_eq!(session_href("acme", "build/47 11"), "/ui/sessions/acme/build/47%2011");
+        assert_eq!(
+            session_href("acme", "build/47 11"),
+            "/ui/sessions/acme/build/47%2011"
+        );
         assert_eq!(encode("a&b=c", false), "a%26b%3Dc");
     }
 
