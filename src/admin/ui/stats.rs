@@ -136,7 +136,7 @@ fn latencies(families: &[MetricFamily]) -> BTreeMap<String, TierLatency> {
                 .iter()
                 .map(|b| (b.upper_bound(), b.cumulative_count()))
                 .collect();
-            buckets.push((f64::INFINITY, h.get_sample_count()));
+            buckets.push((f64::INFINITY, h.sample_count()));
             let sum = by_tier.entry(label(m, "tier").to_owned()).or_default();
             if sum.is_empty() {
                 *sum = buckets;
