@@ -43,7 +43,7 @@ use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
-use axum::{Extension, Form, Router};
+use axum::{Form, Router};
 use maud::{html, Markup, PreEscaped, DOCTYPE};
 use serde::Deserialize;
 use serde_json::Value;

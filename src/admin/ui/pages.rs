@@ -3,7 +3,7 @@
 //! `/v1` handler of the same data in process ([`super::answer_json`]) and renders its
 //! answer, so a bad parameter gets the API's 400 message, in the page, with status 400.
 
-use super::super::{actions, overrides, pending, views, AdminState};
+use super::super::{actions, pending, views, AdminState};
 use super::stats::{self, Stats};
 use super::{answer_json, layout, layout_with, page_error, script_json, time, Frame, POLL_MS};
 use crate::codec::action::SessionFilter;
