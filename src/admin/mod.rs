@@ -95,6 +95,9 @@ pub struct AdminState {
     shadows: ShadowBoard,
     /// Whether the listener speaks TLS (the operator page's cookie is then `Secure`).
     tls: bool,
+    /// `store.data-dir`: the operator page reads the tier-events task's `tiers.json` there
+    /// (a tenant's latest tier changes).
+    data_dir: Arc<std::path::Path>,
 }
 
 impl AdminState {
@@ -114,6 +117,7 @@ impl AdminState {
             auth: Auth::default(),
             shadows: runtime.shadows(),
             tls: false,
+            data_dir: Arc::from(runtime.options().data_dir.as_path()),
         }
     }
 

@@ -157,7 +157,19 @@ async fn shot(c: &Client, view: &str) -> Result<()> {
     }
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/ui");
     std::fs::create_dir_all(&dir)?;
-    let png = c.screenshot().await?;
+    // The whole page: the window as tall as the document (at most 3000 px), then back.
+    let (width, height) = c.get_window_size().await?;
+    let tall = c
+        .execute("return document.documentElement.scrollHeight", vec![])
+        .await?
+        .as_u64()
+        .unwrap_or(0)
+        .clamp(u64::from(height), 3000);
+    c.set_window_size(width as u32, tall as u32).await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let png = c.screenshot().await;
+    c.set_window_size(width as u32, height as u32).await?;
+    let png = png?;
     std::fs::write(dir.join(format!("{view}.png")), png)?;
     Ok(())
 }
@@ -177,10 +189,10 @@ fn uploads() -> Vec<(String, String)> {
             push("acme", build, format!("m{m}"), "");
         }
     }
-    // split: two requests per upload; run-3 and run-5 miss their second part.
+    // split: two requests per upload; run-3 misses its first part, run-5 its second.
     for s in 1..=6 {
         for i in 1..=2 {
-            if i == 2 && (s == 3 || s == 5) {
+            if (s == 3 && i == 1) || (s == 5 && i == 2) {
                 continue;
             }
             let extra = format!(r#","part":{{"index":{i},"count":2}}"#);
@@ -218,6 +230,9 @@ delay = "{delay}"
 [debounce.tenants.trickle-co]
 policy = "fixed"
 delay = "3s"
+[debounce.tenants.live-co]
+policy = "fixed"
+delay = "1s"
 [store]
 data-dir = "{data}"
 [runtime]
@@ -232,6 +247,34 @@ listen = "127.0.0.1:{port}"
     let path = dir.join("settle.toml");
     std::fs::write(&path, text)?;
     Ok(path)
+}
+
+/// Waits until trickle-co's four sessions have emitted (on `normal`, the last perhaps on
+/// `limited` once the tenant is demoted) and trickle-co is demoted: the ready records on
+/// `normal` then.
+async fn trickle_emitted(setup: &Setup) -> Result<usize> {
+    let started = Instant::now();
+    loop {
+        let normal = setup.emitted("normal", 0).await?;
+        let limited = setup.emitted("limited", 0).await?;
+        let trickle = normal
+            .iter()
+            .chain(&limited)
+            .filter(|e| e.key.tenant() == "trickle-co")
+            .count();
+        ensure!(
+            normal.len() + limited.len() == trickle,
+            "only trickle-co emits before the flush: {normal:?} {limited:?}"
+        );
+        if trickle == 4 {
+            return Ok(normal.len());
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(120),
+            "trickle-co emitted {trickle} of 4"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// A `settle run` child with the admin token `TOKEN`; killed on drop.
@@ -252,6 +295,10 @@ impl Run {
             &[
                 ("SETTLE_ADMIN__LISTEN", listen.as_str()),
                 ("SETTLE_ADMIN_TOKENS", &format!("alice:{TOKEN}")),
+                // More than 3 ready records in 10 min: demoted (trickle-co's 4 sessions,
+                // the Overview's live traffic), so the pages show tier changes.
+                ("SETTLE_TIERS__LIMIT", "3"),
+                ("SETTLE_TIERS__PERIOD", "10m"),
             ],
             &log,
         )?;
@@ -322,12 +369,9 @@ async fn ui_browser_login_find_flush_audit_override() -> Result<()> {
         .await?;
     let run = Run::start(&setup, dir.path(), "1h")?;
     run.wait_records(list.len() as u64 + 2).await?;
-    // The trickle's four sessions emit (3 s delay) before the flush.
-    let trickle = setup.emitted("normal", 4).await?;
-    ensure!(
-        trickle.iter().all(|e| e.key.tenant() == "trickle-co"),
-        "{trickle:?}"
-    );
+    // The trickle's four sessions emit (3 s delay) before the flush; the fourth ready
+    // record within the period crosses tiers.limit (3): trickle-co is demoted.
+    let normal_before = trickle_emitted(&setup).await?;
 
     let browser = Browser::start(&chromium, &driver, 1280, 1000).await?;
     let c = &browser.client;
@@ -399,7 +443,7 @@ async fn ui_browser_login_find_flush_audit_override() -> Result<()> {
         c.find(Locator::Css("#confirm")).await?.click().await?;
         wait_text(c, "#result", "flushed").await?;
         // The ready record: trigger manual, on the output subject.
-        let out = setup.emitted("normal", 5).await?;
+        let out = setup.emitted("normal", normal_before + 1).await?;
         let flushed: Vec<_> = out
             .iter()
             .filter(|e| e.key.as_str() == "acme/build-4711")
@@ -416,6 +460,23 @@ async fn ui_browser_login_find_flush_audit_override() -> Result<()> {
             "{audit}"
         );
         shot(c, "audit").await?;
+        // A split upload: part 2 of run-3 came, part 1 did not.
+        c.goto(&format!("{base}/ui/sessions/split-co/run-3")).await?;
+        let parts = wait_text(c, "#parts", "missing").await?;
+        ensure!(
+            parts.contains("received [2]") && parts.contains("missing [1]"),
+            "{parts}"
+        );
+        shot(c, "session-split").await?;
+        // The demoted tenant: its tier change on its page.
+        c.goto(&format!("{base}/ui/tenants/trickle-co")).await?;
+        let history = wait_text(c, "#tier-history", "rate_exceeded").await?;
+        ensure!(
+            history.contains("normal") && history.contains("limited"),
+            "{history}"
+        );
+        wait_text(c, "#tier", "limited").await?;
+        shot(c, "tenant-demoted").await?;
         // An override on the tenant page, listed there and on Tenants.
         c.goto(&format!("{base}/ui/tenants/acme")).await?;
         wait_text(c, "#override", "No override").await?;
@@ -458,13 +519,25 @@ async fn ui_browser_login_find_flush_audit_override() -> Result<()> {
         c.goto(&format!("{base}/ui")).await?;
         wait_text(c, "#dead-letters", "invalid_json").await?;
         wait_text(c, "#time-to-ready", "normal").await?;
-        // The charts have drawn a few readings (one every 2 s).
+        // Live traffic while the charts draw (one reading every 2 s): live-co's jobs, 8
+        // uploads each over a second, ready 1 s after their last upload.
         let started = Instant::now();
+        let mut sent = 0u32;
         loop {
+            for _ in 0..2 {
+                let job = sent / 8;
+                let body = format!(
+                    r#"{{"tenant":"live-co","session":"job-{job}","event_id":"u{sent}"}}"#
+                );
+                setup
+                    .publish(&format!("live-co/job-{job}"), body.as_bytes(), None)
+                    .await?;
+                sent += 1;
+            }
             let points = c
                 .execute("return Number(document.body.dataset.points || 0)", vec![])
                 .await?;
-            if points.as_u64().unwrap_or(0) >= 4 {
+            if points.as_u64().unwrap_or(0) >= 10 {
                 break;
             }
             ensure!(
@@ -473,6 +546,7 @@ async fn ui_browser_login_find_flush_audit_override() -> Result<()> {
             );
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
+        wait_text(c, "#tier-changes", "rate_exceeded").await?;
         shot(c, "overview").await?;
         // A phone's width.
         c.set_window_size(390, 844).await?;
@@ -480,6 +554,12 @@ async fn ui_browser_login_find_flush_audit_override() -> Result<()> {
             .await?;
         wait_text(c, "#pending", "split-co/run-3").await?;
         shot(c, "pending-phone").await?;
+        c.goto(&format!("{base}/ui/sessions/split-co/run-3")).await?;
+        wait_text(c, "#parts", "missing").await?;
+        shot(c, "session-phone").await?;
+        c.goto(&format!("{base}/ui")).await?;
+        wait_text(c, "#dead-letters", "invalid_json").await?;
+        shot(c, "overview-phone").await?;
         Ok::<_, anyhow::Error>(())
     }
     .await;

@@ -7,6 +7,8 @@ use super::super::{actions, pending, views, AdminState};
 use super::stats::{self, Stats};
 use super::{answer_json, layout, layout_with, page_error, script_json, time, Frame, POLL_MS};
 use crate::codec::action::SessionFilter;
+use crate::runtime::tier_events::{self, RECENT_CHANGES};
+use crate::tiers::TierChange;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -141,7 +143,7 @@ fn live_tables(st: &Stats, summary: &Value) -> Markup {
                         @if st.dead_letters.is_empty() { tr { td colspan="2" { "none" } } }
                     }
                 }
-                table {
+                table #tier-changes {
                     caption { "Tier changes" }
                     thead { tr { th scope="col" { "reason" } th scope="col" { "changes" } } }
                     tbody {
@@ -365,8 +367,12 @@ pub(super) async fn session(
                 dt { "Delay" } dd { (ms(&round["delay_ms"])) }
                 dt { "Due" } dd { (countdown(round["deadline"].as_str())) }
                 dt { "Max-wait bound" } dd { (time(round["max_wait_at"].as_str())) }
-                dt { "Parts received" } dd { @if parts.is_empty() { "not a split upload" } @else { (format!("{parts:?}")) } }
-                dt { "Parts missing" } dd { @if parts.is_empty() { "—" } @else { (format!("{:?}", missing_parts(&parts))) " (below the largest index seen; the count is not kept)" } }
+                dt { "Parts" } dd #parts {
+                    @if parts.is_empty() { "not a split upload" } @else {
+                        "received " (format!("{parts:?}")) "; missing " (format!("{:?}", missing_parts(&parts)))
+                        span.hint { " (below the largest index seen: the round does not keep the part count)" }
+                    }
+                }
             }
             h2 { "Act on it" }
             div.grid {
@@ -447,6 +453,25 @@ pub(super) async fn tenants(
     layout("Tenants", "Tenants", &frame, body).into_response()
 }
 
+/// The tier changes of `tenant` among the latest [`RECENT_CHANGES`] of this process (the
+/// tier-events task's `<data-dir>/tiers.json`, rewritten after each change), newest first.
+///
+/// Errors: the file cannot be read or parsed (the message names it).
+async fn tier_history(s: &AdminState, tenant: &str) -> Result<Vec<TierChange>, String> {
+    let dir = s.data_dir.clone();
+    let snapshot = tokio::task::spawn_blocking(move || tier_events::read_snapshot(&dir))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    Ok(snapshot.map_or_else(Vec::new, |snap| {
+        snap.recent_changes
+            .into_iter()
+            .rev()
+            .filter(|c| c.tenant == tenant)
+            .collect()
+    }))
+}
+
 /// `GET /ui/tenants/{tenant}`: one tenant, its override and the forms that change it.
 pub(super) async fn tenant(
     State(s): State<AdminState>,
@@ -484,6 +509,7 @@ pub(super) async fn tenant(
         .map(|(n, _)| n.to_owned())
         .collect();
     let href = tenant_href(&name);
+    let history = tier_history(&s, &name).await;
     let body = html! {
         @if let Some(m) = done { p.ok role="status" { (m) } }
         dl.facts {
@@ -493,7 +519,23 @@ pub(super) async fn tenant(
             dt { "Rule in force" } dd #rule { code { (text(&rules["rule"])) } " (from the " (text(&rules["rule_from"])) ")" }
             dt { "Configured rule" } dd { code { (text(&rules["configured"]["rule"])) } " (" (text(&rules["configured"]["from"])) ")" }
             dt { "Learned initial delay" } dd { "per session: the CallTrack on each session's page" }
-            dt { "Tier-change history" } dd { "not kept per tenant: the Overview counts tier changes; the tier-events topic has each one" }
+        }
+        h2 { "Tier changes" }
+        p.hint { "Among the latest " (RECENT_CHANGES) " tier changes of all tenants this process decided (its " code { "tiers.json" } "), newest first; each one is also a record of the tier-events topic " code { (s.tiers.events_topic) } "." }
+        @match &history {
+            Err(e) => { p.error #tier-history { "The tier changes cannot be read: " (e) } }
+            Ok(h) if h.is_empty() => { p #tier-history { "No tier change of " (name) " among them." } }
+            Ok(h) => {
+                div.scroll { table #tier-history {
+                    thead { tr { th scope="col" { "at" } th scope="col" { "from" } th scope="col" { "to" } th scope="col" { "rate / limit" } th scope="col" { "reason" } } }
+                    tbody { @for c in h { tr {
+                        td { (time(Some(&crate::codec::format_rfc3339_ms(c.at)))) }
+                        td { (c.from) } td { (c.to) }
+                        td.num { (c.rate) " / " (c.limit) }
+                        td { (c.reason.as_str()) }
+                    } } }
+                } }
+            }
         }
         h2 { "Override" }
         @if o.is_null() { p #override { "No override: the configured rule applies." } } @else {
