@@ -461,7 +461,8 @@ async fn ui_browser_login_find_flush_audit_override() -> Result<()> {
         );
         shot(c, "audit").await?;
         // A split upload: part 2 of run-3 came, part 1 did not.
-        c.goto(&format!("{base}/ui/sessions/split-co/run-3")).await?;
+        c.goto(&format!("{base}/ui/sessions/split-co/run-3"))
+            .await?;
         let parts = wait_text(c, "#parts", "missing").await?;
         ensure!(
             parts.contains("received [2]") && parts.contains("missing [1]"),
@@ -526,9 +527,8 @@ async fn ui_browser_login_find_flush_audit_override() -> Result<()> {
         loop {
             for _ in 0..2 {
                 let job = sent / 8;
-                let body = format!(
-                    r#"{{"tenant":"live-co","session":"job-{job}","event_id":"u{sent}"}}"#
-                );
+                let body =
+                    format!(r#"{{"tenant":"live-co","session":"job-{job}","event_id":"u{sent}"}}"#);
                 setup
                     .publish(&format!("live-co/job-{job}"), body.as_bytes(), None)
                     .await?;
@@ -554,7 +554,8 @@ async fn ui_browser_login_find_flush_audit_override() -> Result<()> {
             .await?;
         wait_text(c, "#pending", "split-co/run-3").await?;
         shot(c, "pending-phone").await?;
-        c.goto(&format!("{base}/ui/sessions/split-co/run-3")).await?;
+        c.goto(&format!("{base}/ui/sessions/split-co/run-3"))
+            .await?;
         wait_text(c, "#parts", "missing").await?;
         shot(c, "session-phone").await?;
         c.goto(&format!("{base}/ui")).await?;

@@ -231,6 +231,12 @@ async fn the_page_logs_in_reads_and_acts_under_the_api_rules() {
         assert_eq!(code, 200, "{path}: {page}");
         assert!(!page.contains(OPERATOR_TOKEN), "{path} shows the token");
     }
+    let (code, page) = get_page(addr, "/ui/tenants/acme", &[]).await;
+    assert_eq!(code, 200, "{page}");
+    assert!(
+        page.contains("No tier change of acme") && page.contains("No override"),
+        "{page}"
+    );
     let (code, page) = get_page(addr, "/ui/audit", &[]).await;
     assert!(code == 200 && page.contains("late results"), "{page}");
     let (code, _) = get_page(addr, "/ui/tenants/bad%20name", &[]).await;

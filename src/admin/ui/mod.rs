@@ -343,11 +343,7 @@ pub(super) fn page_error(code: StatusCode, message: &str) -> Response {
         p.error role="alert" { (message) }
         p { a href="/ui" { "Back to the overview" } }
     };
-    (
-        code,
-        layout(&code.as_u16().to_string(), "", &frame, body),
-    )
-        .into_response()
+    (code, layout(&code.as_u16().to_string(), "", &frame, body)).into_response()
 }
 
 /// The login page, with `message` (an error) when given.

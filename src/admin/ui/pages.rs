@@ -250,7 +250,7 @@ pub(super) async fn pending(
                 ". Rounds in due-time order per partition; a column heading sorts this page."
             }
             div.scroll {
-                table.sortable #pending {
+                table.sortable.stack #pending {
                     thead { tr {
                         th scope="col" { button type="button" data-sort="text" { "session" } }
                         th scope="col" { button type="button" data-sort="num" { "partition" } }
@@ -265,14 +265,14 @@ pub(super) async fn pending(
                         @for r in &rounds {
                             @let (t, sess) = (r["tenant"].as_str().unwrap_or(""), r["session"].as_str().unwrap_or(""));
                             tr {
-                                td { a href=(session_href(t, sess)) { (t) "/" (sess) } }
-                                td.num { (text(&r["partition"])) }
-                                td { (text(&r["policy"])) }
-                                td { (text(&r["tier"])) }
-                                td.num { (text(&r["uploads"])) }
-                                td data-value=(text(&r["last_upload_at"])) { (time(r["last_upload_at"].as_str())) }
-                                td data-value=(text(&r["due_at"])) { (countdown(r["due_at"].as_str())) }
-                                td title=(waiting_text(r["waiting"].as_str().unwrap_or(""))) { (text(&r["waiting"])) }
+                                td.key data-label="session" { a href=(session_href(t, sess)) { (t) "/" (sess) } }
+                                td.num data-label="partition" { (text(&r["partition"])) }
+                                td data-label="policy" { (text(&r["policy"])) }
+                                td data-label="tier" { (text(&r["tier"])) }
+                                td.num data-label="uploads" { (text(&r["uploads"])) }
+                                td data-label="last upload" data-value=(text(&r["last_upload_at"])) { (time(r["last_upload_at"].as_str())) }
+                                td data-label="due" data-value=(text(&r["due_at"])) { (countdown(r["due_at"].as_str())) }
+                                td data-label="waiting" title=(waiting_text(r["waiting"].as_str().unwrap_or(""))) { (text(&r["waiting"])) }
                             }
                         }
                         @if rounds.is_empty() { tr { td colspan="8" { "no open round matches" } } }

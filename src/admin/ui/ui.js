@@ -59,11 +59,14 @@
     var KEEP = 300, prev = JSON.parse(init.textContent);
     var t = [], up = [], out = [], pend = [], coal = [];
     function width(el) { return Math.max(260, el.clientWidth || 300); }
-    function mk(el, series) {
-      return new uPlot({ width: width(el), height: 180, series: [{}].concat(series), axes: [{}, {}], legend: { live: false } }, [[]].concat(series.map(function () { return []; })), el);
+    // axes: the time axis, the left one, and a right one for a series on scale "c".
+    function mk(el, series, right) {
+      var axes = [{}, {}];
+      if (right) axes.push({ scale: "c", side: 1, grid: { show: false } });
+      return new uPlot({ width: width(el), height: 180, series: [{}].concat(series), axes: axes, legend: { live: false } }, [[]].concat(series.map(function () { return []; })), el);
     }
     var rates = mk(ratesEl, [{ label: "uploads/s", stroke: "#0550ae", width: 2 }, { label: "ready/s", stroke: "#116329", width: 2 }]);
-    var pending = mk(pendEl, [{ label: "open rounds", stroke: "#8250df", width: 2 }, { label: "uploads per ready", stroke: "#bc4c00", width: 2, scale: "c" }]);
+    var pending = mk(pendEl, [{ label: "open rounds", stroke: "#8250df", width: 2 }, { label: "uploads per ready", stroke: "#bc4c00", width: 2, scale: "c" }], true);
     window.addEventListener("resize", function () {
       rates.setSize({ width: width(ratesEl), height: 180 });
       pending.setSize({ width: width(pendEl), height: 180 });
