@@ -10,8 +10,11 @@
 //!   `flushed`; the ready record appears on the output subject with `trigger = manual`; the
 //!   Audit page lists the flush with the credential's name and the reason.
 //! * An override set on the tenant page is listed there and on the Tenants page.
-//! * Every view is drawn; with `SETTLE_UI_SCREENSHOTS=1` each one is written to
-//!   `docs/ui/<view>.png` (laptop width, and Pending at a phone's width).
+//! * A split session names its missing part; trickle-co, demoted by its fourth ready record
+//!   (`tiers.limit` 3), shows the tier change on its page and the Overview counts it.
+//! * Every view is drawn, the Overview's charts while live traffic flows; with
+//!   `SETTLE_UI_SCREENSHOTS=1` each one is written, whole, to `docs/ui/<view>.png` (laptop
+//!   width, and Overview, Pending and Session at a phone's width).
 //!
 //! `ui_pending_page_with_10k_rounds` (ignored: run it by name) measures the page weight and
 //! the time to first render of Pending with 10 000 open rounds (BENCHMARKS.md).
@@ -164,7 +167,8 @@ async fn shot(c: &Client, view: &str) -> Result<()> {
         .await?
         .as_u64()
         .unwrap_or(0)
-        .clamp(u64::from(height), 3000);
+        .min(3000)
+        .max(height);
     c.set_window_size(width as u32, tall as u32).await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let png = c.screenshot().await;
