@@ -153,6 +153,24 @@ async fn wait_text(c: &Client, css: &str, needle: &str) -> Result<String> {
     }
 }
 
+/// Waits until the Overview's charts have drawn `n` readings (one per poll).
+async fn wait_points(c: &Client, n: u64) -> Result<()> {
+    let started = Instant::now();
+    loop {
+        let points = c
+            .execute("return Number(document.body.dataset.points || 0)", vec![])
+            .await?;
+        if points.as_u64().unwrap_or(0) >= n {
+            return Ok(());
+        }
+        ensure!(
+            started.elapsed() < PATIENCE,
+            "the charts drew {points} readings"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 /// Writes a screenshot of the page to `docs/ui/<view>.png` when `SETTLE_UI_SCREENSHOTS=1`.
 async fn shot(c: &Client, view: &str) -> Result<()> {
     if std::env::var("SETTLE_UI_SCREENSHOTS").as_deref() != Ok("1") {
@@ -160,10 +178,14 @@ async fn shot(c: &Client, view: &str) -> Result<()> {
     }
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/ui");
     std::fs::create_dir_all(&dir)?;
-    // The whole page: the window as tall as the document (at most 3000 px), then back.
+    // The whole page: the window as tall as the document plus the window's own frame (at
+    // most 3000 px), then back.
     let (width, height) = c.get_window_size().await?;
     let tall = c
-        .execute("return document.documentElement.scrollHeight", vec![])
+        .execute(
+            "return document.documentElement.scrollHeight + window.outerHeight - window.innerHeight",
+            vec![],
+        )
         .await?
         .as_u64()
         .unwrap_or(0)
@@ -253,29 +275,33 @@ listen = "127.0.0.1:{port}"
     Ok(path)
 }
 
-/// Waits until trickle-co's four sessions have emitted (on `normal`, the last perhaps on
-/// `limited` once the tenant is demoted) and trickle-co is demoted: the ready records on
-/// `normal` then.
-async fn trickle_emitted(setup: &Setup) -> Result<usize> {
+/// Waits until the ready records before the flush are out: split-co's four complete
+/// uploads (at once) and trickle-co's four sessions (3 s delay), each tenant's fourth within
+/// the period crossing `tiers.limit` (3) and demoting it, so they are on `normal` and
+/// `limited`; nothing else. Answers how many are on `normal`.
+async fn early_emitted(setup: &Setup) -> Result<usize> {
     let started = Instant::now();
     loop {
         let normal = setup.emitted("normal", 0).await?;
         let limited = setup.emitted("limited", 0).await?;
-        let trickle = normal
-            .iter()
-            .chain(&limited)
-            .filter(|e| e.key.tenant() == "trickle-co")
-            .count();
+        let of = |tenant: &str| {
+            normal
+                .iter()
+                .chain(&limited)
+                .filter(|e| e.key.tenant() == tenant)
+                .count()
+        };
+        let (split, trickle) = (of("split-co"), of("trickle-co"));
         ensure!(
-            normal.len() + limited.len() == trickle,
-            "only trickle-co emits before the flush: {normal:?} {limited:?}"
+            normal.len() + limited.len() == split + trickle,
+            "only split-co and trickle-co emit before the flush: {normal:?} {limited:?}"
         );
-        if trickle == 4 {
+        if split == 4 && trickle == 4 {
             return Ok(normal.len());
         }
         ensure!(
             started.elapsed() < Duration::from_secs(120),
-            "trickle-co emitted {trickle} of 4"
+            "split-co emitted {split} of 4, trickle-co {trickle} of 4"
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -373,9 +399,9 @@ async fn ui_browser_login_find_flush_audit_override() -> Result<()> {
         .await?;
     let run = Run::start(&setup, dir.path(), "1h")?;
     run.wait_records(list.len() as u64 + 2).await?;
-    // The trickle's four sessions emit (3 s delay) before the flush; the fourth ready
-    // record within the period crosses tiers.limit (3): trickle-co is demoted.
-    let normal_before = trickle_emitted(&setup).await?;
+    // Complete split uploads and the trickle's sessions emit before the flush; the fourth
+    // ready record of a tenant within the period crosses tiers.limit (3): it is demoted.
+    let normal_before = early_emitted(&setup).await?;
 
     let browser = Browser::start(&chromium, &driver, 1280, 1000).await?;
     let c = &browser.client;
@@ -463,7 +489,6 @@ async fn ui_browser_login_find_flush_audit_override() -> Result<()> {
             audit.contains("alice") && audit.contains("flush"),
             "{audit}"
         );
-        shot(c, "audit").await?;
         // A split upload: part 2 of run-3 came, part 1 did not.
         c.goto(&format!("{base}/ui/sessions/split-co/run-3"))
             .await?;
@@ -512,7 +537,10 @@ async fn ui_browser_login_find_flush_audit_override() -> Result<()> {
         shot(c, "tenant").await?;
         c.goto(&format!("{base}/ui/tenants")).await?;
         let tenants = wait_text(c, "main table", "acme").await?;
-        ensure!(tenants.contains("v1"), "the override listed: {tenants}");
+        ensure!(
+            tenants.contains("v1") && tenants.contains("trickle-co"),
+            "the override and the demoted tenant listed: {tenants}"
+        );
         shot(c, "tenants").await?;
         // The other views draw with their data.
         c.goto(&format!("{base}/ui/partitions")).await?;
@@ -552,6 +580,10 @@ async fn ui_browser_login_find_flush_audit_override() -> Result<()> {
         }
         wait_text(c, "#tier-changes", "rate_exceeded").await?;
         shot(c, "overview").await?;
+        // The audit again: the flush and the override.
+        c.goto(&format!("{base}/ui/audit")).await?;
+        wait_text(c, "#audit", "INC-43").await?;
+        shot(c, "audit").await?;
         // A phone's width.
         c.set_window_size(390, 844).await?;
         c.goto(&format!("{base}/ui/pending?tenant=split-co"))
@@ -564,6 +596,7 @@ async fn ui_browser_login_find_flush_audit_override() -> Result<()> {
         shot(c, "session-phone").await?;
         c.goto(&format!("{base}/ui")).await?;
         wait_text(c, "#dead-letters", "invalid_json").await?;
+        wait_points(c, 2).await?;
         shot(c, "overview-phone").await?;
         Ok::<_, anyhow::Error>(())
     }

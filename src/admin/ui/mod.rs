@@ -16,7 +16,7 @@
 //! | `GET /ui/pending` | `/v1/pending` with its filters, a page at a time |
 //! | `GET /ui/sessions/{tenant}/{session}` | one session; flush and cancel forms |
 //! | `POST /ui/actions` | flush or cancel one session: a confirmation step, then `POST /v1/actions` |
-//! | `GET /ui/tenants`, `GET /ui/tenants/{tenant}` | tenants with pending work or an override; one tenant with its override form |
+//! | `GET /ui/tenants`, `GET /ui/tenants/{tenant}` | tenants with pending work, demoted or with an override; one tenant with its tier changes and override form |
 //! | `POST /ui/tenants/{tenant}/override`, `POST /ui/tenants/{tenant}/override/remove` | `PUT` / `DELETE /v1/tenants/{tenant}/override` |
 //! | `GET /ui/partitions`, `GET /ui/whatif`, `GET /ui/audit` | partitions, the live policy's measured point, the latest audit records |
 //! | `GET /ui/login`, `POST /ui/login`, `POST /ui/logout` | the token form; sets or clears the cookie |

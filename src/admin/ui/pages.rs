@@ -394,7 +394,7 @@ pub(super) async fn session(
     layout(&title, "Pending", &frame, body).into_response()
 }
 
-/// `GET /ui/tenants`: the tenants with open rounds here or an override.
+/// `GET /ui/tenants`: the tenants with open rounds here, demoted, or with an override.
 pub(super) async fn tenants(
     State(s): State<AdminState>,
     headers: HeaderMap,
@@ -406,7 +406,19 @@ pub(super) async fn tenants(
     let now = (s.wall)();
     let sum = s.sessions.pending_summary(SessionFilter::default()).await;
     let set = s.overrides.snapshot();
-    let mut names: Vec<&String> = sum.tenants.keys().chain(set.entries.keys()).collect();
+    let demoted: Vec<String> = s
+        .router
+        .lock()
+        .demoted(now)
+        .into_iter()
+        .map(|d| d.tenant)
+        .collect();
+    let mut names: Vec<&String> = sum
+        .tenants
+        .keys()
+        .chain(set.entries.keys())
+        .chain(&demoted)
+        .collect();
     names.sort();
     names.dedup();
     let frame = Frame::of(&s, &headers);
@@ -430,7 +442,7 @@ pub(super) async fn tenants(
             .collect()
     };
     let body = html! {
-        p.hint { "Tenants with open rounds on the partitions owned here, or with an override. Rate: ready records in the last tiers.period against tiers.limit." }
+        p.hint { "Tenants with open rounds on the partitions owned here, demoted, or with an override. Rate: ready records in the last tiers.period against tiers.limit." }
         @if sum.truncated { p.error { "The summary was cut short: some tenants may be missing." } }
         div.scroll { table.sortable {
             thead { tr {
@@ -443,7 +455,7 @@ pub(super) async fn tenants(
             } }
             tbody {
                 @for r in &rows { (r) }
-                @if rows.is_empty() { tr { td colspan="6" { "no tenant with open rounds or an override" } } }
+                @if rows.is_empty() { tr { td colspan="6" { "no tenant with open rounds, demoted or with an override" } } }
             }
         } }
         form.inline method="get" action="/ui/tenants" {
