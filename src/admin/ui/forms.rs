@@ -156,12 +156,13 @@ pub(super) struct OverrideForm {
     reason: String,
 }
 
-fn version_of(text: &str) -> Result<u64, Response> {
+/// The form's `version`, or the 400 page that says what is wrong with it.
+fn version_of(text: &str) -> Result<u64, Box<Response>> {
     text.trim().parse().map_err(|_| {
-        page_error(
+        Box::new(page_error(
             StatusCode::BAD_REQUEST,
             &format!("version {text:?}: a whole number (the version the form was drawn with)"),
-        )
+        ))
     })
 }
 
@@ -219,7 +220,7 @@ pub(super) async fn set_override(
     }
     let version = match version_of(&f.version) {
         Ok(v) => v,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let mut debounce = Map::new();
     for (key, value) in [
@@ -286,7 +287,7 @@ pub(super) async fn remove_override(
     }
     let version = match version_of(&f.version) {
         Ok(v) => v,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let query: overrides::DeleteQuery =
         match serde_json::from_value(json!({ "version": version, "reason": f.reason })) {
