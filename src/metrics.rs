@@ -12,7 +12,7 @@
 //! Bounded only: `topic`, `partition`, `tier`, `trigger`, `policy`, `reason` (a
 //! `codec::DecodeError::reason` code or a `tiers::ChangeReason`), `state` (partition life
 //! cycle), `version`, `change` (a tenant override change), `shadow` (a `[[shadow]]` name, at
-//! most `engine::shadow::MAX_SHADOWS`, or `live`) and `quantile` (`0.5`, `0.99`). Never a tenant or session id:
+//! most `engine::shadow::MAX_SHADOWS`, or `live`), `class` (a tenant class: `default`, `own`) and `quantile` (`0.5`, `0.99`). Never a tenant or session id:
 //! a tenant's figures are on the admin endpoint `/v1/tenants/{tenant}`.
 //!
 //! # Where each figure comes from
@@ -33,7 +33,7 @@
 //!
 //! Units: seconds for durations (Prometheus convention), records for lag, counts otherwise.
 
-use crate::engine::{Emission, Figures, Millis, PolicyName, Trigger};
+use crate::engine::{Emission, Figures, Millis, PolicyName, TenantClass, Trigger};
 use crate::tiers::{ChangeReason, TierCounters};
 use prometheus::core::Collector;
 use prometheus::{
@@ -114,15 +114,16 @@ pub const OVERRIDES: &str = "settle_overrides";
 /// (its expiry passed), `refused` (a request refused: stale version, invalid override).
 pub const OVERRIDE_CHANGES: &str = "settle_override_changes_total";
 
-/// Gauge `{shadow, tier}`: emissions of the live policy (`shadow="live"`, `manual` ones
+/// Gauge `{shadow, tier, class}`: emissions of the live policy (`shadow="live"`, `manual` ones
 /// left out) and would-be emissions of each `[[shadow]]` policy since
-/// [`SHADOW_SINCE`] (SEMANTICS §8).
+/// [`SHADOW_SINCE`] (SEMANTICS §8). `class` is the tenant class (`engine::TenantClass`):
+/// `default` (the live policy times it with `[debounce]`) or `own` (a rule of its own).
 pub const SHADOW_EMISSIONS: &str = "settle_shadow_emissions";
-/// Gauge `{shadow, tier}`: uploads in those emissions (their `uploads` summed).
+/// Gauge `{shadow, tier, class}`: uploads in those emissions (their `uploads` summed).
 pub const SHADOW_UPLOADS: &str = "settle_shadow_uploads";
-/// Gauge `{shadow, tier}`: [`SHADOW_UPLOADS`] / [`SHADOW_EMISSIONS`] (0 before the first).
+/// Gauge `{shadow, tier, class}`: [`SHADOW_UPLOADS`] / [`SHADOW_EMISSIONS`] (0 before the first).
 pub const SHADOW_UPLOADS_PER_EMISSION: &str = "settle_shadow_uploads_per_emission";
-/// Gauge `{shadow, tier, quantile}`, seconds: time-to-ready `due_at − last_upload_at` of those
+/// Gauge `{shadow, tier, class, quantile}`, seconds: time-to-ready `due_at − last_upload_at` of those
 /// emissions at quantile `0.5` and `0.99` (as `settle tune` computes it).
 pub const SHADOW_TIME_TO_READY: &str = "settle_shadow_time_to_ready_seconds";
 /// Gauge `{shadow}`: session keys a shadow policy holds now (its memory, bounded by
@@ -485,13 +486,13 @@ impl Metrics {
         }
         let shadow_emissions = b.gauge(
             SHADOW_EMISSIONS,
-            "Emissions of the live policy (shadow=\"live\") and would-be emissions of each shadow policy, by tier, since settle_shadow_since_seconds (SEMANTICS §8).",
-            &["shadow", "tier"],
+            "Emissions of the live policy (shadow=\"live\") and would-be emissions of each shadow policy, by tier and tenant class (default: the tenant runs [debounce]; own: a rule of its own), since settle_shadow_since_seconds (SEMANTICS §8).",
+            &["shadow", "tier", "class"],
         );
         let shadow_uploads = b.gauge(
             SHADOW_UPLOADS,
-            "Uploads in those emissions, by shadow policy (or live) and tier.",
-            &["shadow", "tier"],
+            "Uploads in those emissions, by shadow policy (or live), tier and tenant class.",
+            &["shadow", "tier", "class"],
         );
         let float_gauge = |b: &mut Builder, name: &str, help: &str, labels: &[&str]| {
             b.add(GaugeVec::new(Opts::new(name, help), labels).expect("valid metric"))
@@ -499,14 +500,14 @@ impl Metrics {
         let shadow_uploads_per_emission = float_gauge(
             &mut b,
             SHADOW_UPLOADS_PER_EMISSION,
-            "Uploads per emission of the live policy and of each shadow policy, by tier (0 before the first).",
-            &["shadow", "tier"],
+            "Uploads per emission of the live policy and of each shadow policy, by tier and tenant class (0 before the first).",
+            &["shadow", "tier", "class"],
         );
         let shadow_time_to_ready = float_gauge(
             &mut b,
             SHADOW_TIME_TO_READY,
-            "Time-to-ready (due_at - last_upload_at) of the live policy's and each shadow policy's emissions, seconds, at quantile 0.5 and 0.99, by tier.",
-            &["shadow", "tier", "quantile"],
+            "Time-to-ready (due_at - last_upload_at) of the live policy's and each shadow policy's emissions, seconds, at quantile 0.5 and 0.99, by tier and tenant class.",
+            &["shadow", "tier", "class", "quantile"],
         );
         let shadow_sessions = b.gauge(
             SHADOW_SESSIONS,
@@ -725,22 +726,24 @@ impl Metrics {
                     .set(gauge(f.refused_sessions));
             }
             for (i, &tier) in tiers.iter().enumerate() {
-                let t = f.tier(i);
-                let labels = [name, tier];
-                m.shadow_emissions
-                    .with_label_values(&labels)
-                    .set(gauge(t.emissions));
-                m.shadow_uploads
-                    .with_label_values(&labels)
-                    .set(gauge(t.uploads));
-                m.shadow_uploads_per_emission
-                    .with_label_values(&labels)
-                    .set(t.uploads_per_emission());
-                let p = t.time_to_ready.percentiles();
-                for (q, ms) in SHADOW_QUANTILES.into_iter().zip([p.p50, p.p99]) {
-                    m.shadow_time_to_ready
-                        .with_label_values(&[name, tier, q])
-                        .set(ms as f64 / 1000.0);
+                for class in TenantClass::ALL {
+                    let t = f.cell(i, class);
+                    let labels = [name, tier, class.name()];
+                    m.shadow_emissions
+                        .with_label_values(&labels)
+                        .set(gauge(t.emissions));
+                    m.shadow_uploads
+                        .with_label_values(&labels)
+                        .set(gauge(t.uploads));
+                    m.shadow_uploads_per_emission
+                        .with_label_values(&labels)
+                        .set(t.uploads_per_emission());
+                    let p = t.time_to_ready.percentiles();
+                    for (q, ms) in SHADOW_QUANTILES.into_iter().zip([p.p50, p.p99]) {
+                        m.shadow_time_to_ready
+                            .with_label_values(&[name, tier, class.name(), q])
+                            .set(ms as f64 / 1000.0);
+                    }
                 }
             }
         }
@@ -970,7 +973,7 @@ mod tests {
             attributes: None,
             event_ids: None,
         };
-        f.record(1, &e);
+        f.record(1, TenantClass::Own, &e);
         f.refused_sessions = 3;
         m.refresh_shadows(
             &["normal", "limited"],
@@ -980,19 +983,23 @@ mod tests {
         let text = m.encode();
         for (series, want) in [
             (
-                r#"settle_shadow_emissions{shadow="slow",tier="limited"}"#,
+                r#"settle_shadow_emissions{class="own",shadow="slow",tier="limited"}"#,
                 1.0,
             ),
             (
-                r#"settle_shadow_emissions{shadow="live",tier="normal"}"#,
+                r#"settle_shadow_emissions{class="default",shadow="slow",tier="limited"}"#,
                 0.0,
             ),
             (
-                r#"settle_shadow_uploads_per_emission{shadow="slow",tier="limited"}"#,
+                r#"settle_shadow_emissions{class="default",shadow="live",tier="normal"}"#,
+                0.0,
+            ),
+            (
+                r#"settle_shadow_uploads_per_emission{class="own",shadow="slow",tier="limited"}"#,
                 4.0,
             ),
             (
-                r#"settle_shadow_time_to_ready_seconds{quantile="0.99",shadow="slow",tier="limited"}"#,
+                r#"settle_shadow_time_to_ready_seconds{class="own",quantile="0.99",shadow="slow",tier="limited"}"#,
                 30.0,
             ),
             (r#"settle_shadow_refused_sessions{shadow="slow"}"#, 3.0),

@@ -23,7 +23,7 @@
 //! | `GET /v1/overrides` | every tenant's override (version, expiry, in force or not), the config's rule of each tenant and which wins |
 //! | `GET /v1/audit?limit=N&stage=S` | the latest audit records known here (written here or read back from the audit topic), newest first: `limit` 1–1000 (default 50), `stage` `accepted`, `refused` or `applied` |
 //! | `POST /v1/whoami` | the caller's credential name and role (needs a token of either role when tokens are configured), and whether actions are on and reads protected |
-//! | `GET /v1/shadow` | the `[[shadow]]` policies beside the live one (SEMANTICS §8): per policy and tier, emissions (would-be, for a shadow), uploads per emission, time-to-ready p50/p99 (`due_at − last_upload_at`, ms, as `settle tune` has it); each shadow's sessions held and refused within `runtime.shadow-max-sessions`; when the figures start (`since`, per partition: they start empty at each assignment) |
+//! | `GET /v1/shadow` | the `[[shadow]]` policies beside the live one (SEMANTICS §8): per policy, tier and tenant class (`default`, `own`: `engine::TenantClass`), emissions (would-be, for a shadow), uploads per emission, time-to-ready p50/p99 (`due_at − last_upload_at`, ms, as `settle tune` has it); each shadow's sessions held and refused within `runtime.shadow-max-sessions`; when the figures start (`since`, per partition: they start empty at each assignment) |
 //! | `GET /v1/sessions/{tenant}/{session}` | the session's CallTrack, open round and next due time, asked of the partition task that holds it (SEMANTICS §4); 404 when no partition owned here holds it |
 //! | `/ui`, `/ui/...` | the operator page: HTML views of the above, login, flush/cancel and override forms ([`ui`]) |
 //!

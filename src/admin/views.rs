@@ -3,7 +3,7 @@
 
 use super::{error, rfc3339, AdminState, SESSION_LOOKUP_TIMEOUT};
 use crate::codec::{validate_session, validate_tenant};
-use crate::engine::{Figures, Millis, SessionKey, TierFigures, LIVE};
+use crate::engine::{Figures, Millis, SessionKey, TenantClass, TierFigures, LIVE};
 use crate::runtime::{Lookup, PartitionState, PartitionStatus, SessionView};
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
@@ -60,13 +60,29 @@ fn tier_figures_json(t: &TierFigures) -> Value {
     })
 }
 
+/// One policy's figures: `total`, `classes` (per tenant class, all tiers) and `tiers` (per
+/// tier name, each with its own `classes`), SEMANTICS §8 "per tier and tenant class".
 fn figures_json(f: &Figures, tiers: &[&str]) -> Value {
+    let classes = |of: &dyn Fn(TenantClass) -> TierFigures| -> serde_json::Map<String, Value> {
+        TenantClass::ALL
+            .iter()
+            .map(|&c| (c.name().to_owned(), tier_figures_json(&of(c))))
+            .collect()
+    };
     let by_tier: serde_json::Map<String, Value> = tiers
         .iter()
         .enumerate()
-        .map(|(i, name)| ((*name).to_owned(), tier_figures_json(&f.tier(i))))
+        .map(|(i, name)| {
+            let mut v = tier_figures_json(&f.tier(i));
+            v["classes"] = Value::Object(classes(&|c| f.cell(i, c)));
+            ((*name).to_owned(), v)
+        })
         .collect();
-    json!({ "total": tier_figures_json(&f.total()), "tiers": by_tier })
+    json!({
+        "total": tier_figures_json(&f.total()),
+        "classes": classes(&|c| f.class(c)),
+        "tiers": by_tier,
+    })
 }
 
 /// `GET /v1/shadow` (SEMANTICS §8): the live policy's figures and each `[[shadow]]` policy's,
@@ -101,6 +117,7 @@ pub(super) async fn shadow(State(s): State<AdminState>) -> Response {
         })).collect::<Vec<_>>(),
         "tiers": tiers,
         "time_to_ready": "due_at - last_upload_at, ms: as settle tune computes it",
+        "classes": "default: the live policy times the tenant with [debounce]; own: the tenant has a rule of its own (config or override)",
         "policies": if s.shadows.is_empty() { Vec::new() } else { policies },
     }))
     .into_response()

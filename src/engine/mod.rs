@@ -39,7 +39,7 @@ pub use figures::{Percentiles, Spread};
 pub use learn::{LearnSummary, TenantAges, TenantStats, MAX_LEARNED_TENANTS};
 pub use partition::{Driver, DriverStats, MemTable, SessionTable};
 pub use policy::{PolicySpec, PolicyTable, DEFAULT_STATE_TTL_MS, EVENT_IDS_MAX};
-pub use shadow::{Figures, ShadowSet, ShadowSpec, TierFigures, LIVE};
+pub use shadow::{Figures, ShadowSet, ShadowSpec, TenantClass, TierFigures, LIVE};
 pub use timers::TimerQueue;
 pub use types::{
     CallTrack, Emission, EventIds, Millis, Part, PolicyName, Round, SessionKey, SessionState,

@@ -1,7 +1,8 @@
 //! Shadow policies (SEMANTICS §8): candidate policies run beside the live one on the same
 //! uploads and the same partition time, through the same [`Driver`], each over its own
 //! in-memory [`MemTable`], emitting nothing. Their would-be emissions are only counted:
-//! uploads per emission and time-to-ready per tier ([`Figures`]), beside the live policy's.
+//! uploads per emission and time-to-ready per tier and tenant class ([`Figures`],
+//! [`TenantClass`]), beside the live policy's.
 //!
 //! Invariants:
 //! * a shadow sees exactly the uploads handed to [`ShadowSet::apply`], at the partition time
@@ -22,7 +23,8 @@
 //!   remembered counts as one more session (an upper bound). A key whose state expired
 //!   (`state-ttl`) frees its room.
 //!
-//! Pure: no clock, no I/O (the engine's rule); the caller says which tier a tenant is in.
+//! Pure: no clock, no I/O (the engine's rule); the caller says which tier and class a tenant
+//! is in.
 
 use super::figures::Spread;
 use super::partition::{Driver, MemTable};
@@ -90,12 +92,48 @@ impl TierFigures {
     }
 }
 
-/// The figures of one policy: per tier (index = the tier's place in the tier list) and what
-/// it could not follow.
+/// A tenant's class (SEMANTICS §8 "per tier and tenant class"): whether the live policy times
+/// its rounds with the deployment's `[debounce]` rule or with a rule of its own (a
+/// `[debounce.tenants.NAME]` entry or an operator's override, SEMANTICS §7). A shadow applies
+/// one policy to every tenant, so its figures for `own` tenants show what that policy would do
+/// to the tenants that today have a rule of their own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TenantClass {
+    /// The live policy times the tenant with the deployment's `[debounce]` rule.
+    Default = 0,
+    /// The tenant has a rule of its own (config or override).
+    Own = 1,
+}
+
+impl TenantClass {
+    /// Both classes, in index order.
+    pub const ALL: [TenantClass; 2] = [TenantClass::Default, TenantClass::Own];
+
+    /// The class of `tenant` under the live rules `table`.
+    pub fn of(table: &PolicyTable, tenant: &str) -> TenantClass {
+        if !table.tenants.is_empty() && table.tenants.contains_key(tenant) {
+            TenantClass::Own
+        } else {
+            TenantClass::Default
+        }
+    }
+
+    /// Its name in `GET /v1/shadow` and the metrics' `class` label: `default` or `own`.
+    pub fn name(self) -> &'static str {
+        match self {
+            TenantClass::Default => "default",
+            TenantClass::Own => "own",
+        }
+    }
+}
+
+/// The figures of one policy: per tier (index = the tier's place in the tier list) and tenant
+/// class ([`TenantClass`]), and what it could not follow.
 #[derive(Clone, Debug, Default)]
 pub struct Figures {
-    /// Per tier, in tier-list order (shorter when the last tiers saw nothing).
-    pub tiers: Vec<TierFigures>,
+    /// Per tier, in tier-list order (shorter when the last tiers saw nothing); in each, per
+    /// [`TenantClass`] (index = its value).
+    pub tiers: Vec<[TierFigures; 2]>,
     /// Sessions a shadow refused for want of room (module docs; 0 for the live policy).
     pub refused_sessions: u64,
     /// Uploads a shadow refused (of refused sessions).
@@ -105,40 +143,66 @@ pub struct Figures {
 }
 
 impl Figures {
-    /// Counts the emission `e` in tier `tier`.
-    pub fn record(&mut self, tier: usize, e: &Emission) {
+    /// Counts the emission `e` in tier `tier`, tenant class `class`.
+    pub fn record(&mut self, tier: usize, class: TenantClass, e: &Emission) {
         if self.tiers.len() <= tier {
-            self.tiers.resize_with(tier + 1, TierFigures::default);
+            self.tiers.resize_with(tier + 1, Default::default);
         }
-        self.tiers[tier].record(e);
+        self.tiers[tier][class as usize].record(e);
     }
 
     /// Adds `other`'s figures into these (another partition's).
     pub fn add(&mut self, other: &Figures) {
         if self.tiers.len() < other.tiers.len() {
-            self.tiers
-                .resize_with(other.tiers.len(), TierFigures::default);
+            self.tiers.resize_with(other.tiers.len(), Default::default);
         }
         for (mine, theirs) in self.tiers.iter_mut().zip(&other.tiers) {
-            mine.add(theirs);
+            for (m, t) in mine.iter_mut().zip(theirs) {
+                m.add(t);
+            }
         }
         self.refused_sessions += other.refused_sessions;
         self.refused_uploads += other.refused_uploads;
         self.sessions += other.sessions;
     }
 
-    /// All tiers together.
+    /// All tiers and classes together.
     pub fn total(&self) -> TierFigures {
         let mut t = TierFigures::default();
         for tier in &self.tiers {
-            t.add(tier);
+            for c in tier {
+                t.add(c);
+            }
         }
         t
     }
 
-    /// The figures of tier `tier` (empty when it saw nothing).
+    /// The figures of tier `tier`, both classes (empty when it saw nothing).
     pub fn tier(&self, tier: usize) -> TierFigures {
-        self.tiers.get(tier).cloned().unwrap_or_default()
+        let mut t = TierFigures::default();
+        if let Some(cells) = self.tiers.get(tier) {
+            for c in cells {
+                t.add(c);
+            }
+        }
+        t
+    }
+
+    /// The figures of tenant class `class`, all tiers.
+    pub fn class(&self, class: TenantClass) -> TierFigures {
+        let mut t = TierFigures::default();
+        for tier in &self.tiers {
+            t.add(&tier[class as usize]);
+        }
+        t
+    }
+
+    /// The figures of tier `tier` and tenant class `class` (empty when it saw nothing).
+    pub fn cell(&self, tier: usize, class: TenantClass) -> TierFigures {
+        self.tiers
+            .get(tier)
+            .map(|c| c[class as usize].clone())
+            .unwrap_or_default()
     }
 }
 
@@ -279,14 +343,21 @@ impl ShadowSet {
 
     /// Counts the live policy's emissions `live` (`manual` ones, an operator's, are left
     /// out: the shadows see no actions) and every shadow's would-be emissions since the last
-    /// call, each in the tier `tier_of(tenant)` says (an index into the tier list).
-    pub fn count(&mut self, live: &[Emission], mut tier_of: impl FnMut(&str) -> usize) {
+    /// call, each in the tier and tenant class `place(tenant)` says (an index into the tier
+    /// list, and [`TenantClass::of`] the live rules).
+    pub fn count(
+        &mut self,
+        live: &[Emission],
+        mut place: impl FnMut(&str) -> (usize, TenantClass),
+    ) {
         for e in live.iter().filter(|e| e.trigger != Trigger::Manual) {
-            self.live.record(tier_of(e.key.tenant()), e);
+            let (tier, class) = place(e.key.tenant());
+            self.live.record(tier, class, e);
         }
         for s in &mut self.shadows {
             for e in s.out.drain(..) {
-                s.figures.record(tier_of(e.key.tenant()), &e);
+                let (tier, class) = place(e.key.tenant());
+                s.figures.record(tier, class, &e);
             }
             s.figures.sessions = s.table.len() as u64;
         }
@@ -317,7 +388,7 @@ mod tests {
         }
         set.advance(10_000);
         // Tenant `t` in tier 1: a (3 uploads, due 1 900), b (1 upload, due 1 100).
-        set.count(&[], |_| 1);
+        set.count(&[], |_| (1, TenantClass::Default));
         let f = set.shadows()[0].figures();
         assert_eq!(f.tiers.len(), 2);
         assert_eq!(f.tier(0).emissions, 0);
@@ -339,7 +410,7 @@ mod tests {
         set.apply(2, &up("c", 2));
         set.apply(3, &up("c", 3));
         set.apply(4, &up("a", 4));
-        set.count(&[], |_| 0);
+        set.count(&[], |_| (0, TenantClass::Default));
         let f = set.shadows()[0].figures();
         assert_eq!((f.refused_sessions, f.refused_uploads), (1, 2));
         assert_eq!(f.sessions, 2);
@@ -347,7 +418,7 @@ mod tests {
         let day = 24 * 60 * 60 * 1000;
         set.apply(day + 10, &up("d", day + 10));
         set.apply(day + 11, &up("c", day + 11));
-        set.count(&[], |_| 0);
+        set.count(&[], |_| (0, TenantClass::Default));
         let f = set.shadows()[0].figures();
         assert_eq!((f.refused_sessions, f.refused_uploads), (1, 3));
         assert_eq!(f.sessions, 1);
@@ -366,12 +437,43 @@ mod tests {
         manual.trigger = Trigger::Manual;
         out.push(manual);
         assert!(live.has_emissions(&out));
-        live.count(&out, |_| 0);
+        live.count(&out, |_| (0, TenantClass::Default));
         assert_eq!(live.live().total().emissions, 1);
         let mut sum = Figures::default();
         sum.add(live.live());
         sum.add(live.live());
         assert_eq!(sum.total().emissions, 2);
         assert_eq!(sum.total().time_to_ready.percentiles().p99, 10);
+    }
+
+    #[test]
+    fn figures_are_kept_per_tier_and_tenant_class() {
+        // Tenant `own` has a rule of its own in the live table, `t` does not.
+        let mut table = PolicyTable::uniform(PolicySpec::fixed(10));
+        table
+            .tenants
+            .insert("own".to_owned(), PolicySpec::fixed(5_000));
+        assert_eq!(TenantClass::of(&table, "own"), TenantClass::Own);
+        assert_eq!(TenantClass::of(&table, "t"), TenantClass::Default);
+        assert_eq!(
+            TenantClass::of(&PolicyTable::uniform(PolicySpec::fixed(10)), "own"),
+            TenantClass::Default
+        );
+
+        let mut set = ShadowSet::new(&[spec(10)], 0);
+        set.apply(0, &up("a", 0));
+        set.apply(1, &Upload::plain(SessionKey::new("own", "x"), 1));
+        set.apply(2, &Upload::plain(SessionKey::new("own", "y"), 2));
+        set.advance(10_000);
+        set.count(&[], |tenant| (1, TenantClass::of(&table, tenant)));
+        let f = set.shadows()[0].figures();
+        assert_eq!(f.cell(1, TenantClass::Default).emissions, 1);
+        assert_eq!(f.cell(1, TenantClass::Own).emissions, 2);
+        assert_eq!(f.cell(0, TenantClass::Own).emissions, 0);
+        assert_eq!(f.class(TenantClass::Own).emissions, 2);
+        assert_eq!(f.class(TenantClass::Default).emissions, 1);
+        assert_eq!(f.tier(1).emissions, 3);
+        assert_eq!(f.total().emissions, 3);
+        assert_eq!(TenantClass::Own.name(), "own");
     }
 }

@@ -83,7 +83,9 @@ use super::status::{PartitionState, PartitionStatus, StatusBoard};
 use super::throttle::LogThrottle;
 use crate::codec::action::{is_action, ActionKind, ActionOutcome, ActionRecord, AuditRecord};
 use crate::codec::{self, DecodeError};
-use crate::engine::{Applied, Driver, Emission, Engine, Millis, SessionKey, SessionTable, Upload};
+use crate::engine::{
+    Applied, Driver, Emission, Engine, Millis, SessionKey, SessionTable, TenantClass, Upload,
+};
 use crate::metrics::{Metrics, PartitionMetrics};
 use crate::store::{self, Batch, PartitionStore};
 use crate::transport::{self, Backoff, InputRecord, PartitionInput, Sink, TxnWriter};
@@ -1407,9 +1409,11 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
             if set.has_emissions(&out) {
                 let router = self.ctx.tiers.router.lock();
                 let tiers = self.ctx.tiers.router.tiers();
+                let rules = self.driver.engine().policies();
                 set.count(&out, |tenant| {
                     let tier = router.tier_of(tenant);
-                    tiers.tiers().position(|(n, _)| n == tier).unwrap_or(0)
+                    let tier = tiers.tiers().position(|(n, _)| n == tier).unwrap_or(0);
+                    (tier, TenantClass::of(rules, tenant))
                 });
             }
         }

@@ -355,8 +355,13 @@ async fn shadow_view_and_metrics_beside_the_live_policy() {
     let dir = tempfile::tempdir().unwrap();
     let broker = MemoryBroker::new(TOPIC, 1);
     let clock = settle::runtime::TokioClock::starting_at(T0);
+    // beta has a rule of its own (tenant class `own`), acme runs the default (`default`).
+    let mut rules = PolicyTable::uniform(PolicySpec::fixed(HOUR));
+    rules
+        .tenants
+        .insert("beta".to_owned(), PolicySpec::fixed(2 * HOUR));
     let runtime = Runtime::new(
-        Engine::new(PolicyTable::uniform(PolicySpec::fixed(HOUR))),
+        Engine::new(rules),
         broker.sink(),
         clock,
         options(dir.path()),
@@ -387,8 +392,20 @@ async fn shadow_view_and_metrics_beside_the_live_policy() {
         .await
         .expect("runtime settles");
 
-    let (code, v) = get_json(addr, "/v1/shadow").await;
-    assert_eq!(code, 200, "{v}");
+    // The live emission is published after the step that counted it; the shadow's figures
+    // are read until they hold every upload (a later poll may have carried some).
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let v = loop {
+        let (code, v) = get_json(addr, "/v1/shadow").await;
+        assert_eq!(code, 200, "{v}");
+        let fast = &v["policies"][1];
+        let seen = fast["figures"]["total"]["emissions"].as_u64().unwrap_or(0)
+            + fast["refused_uploads"].as_u64().unwrap_or(0);
+        if seen >= 7 || tokio::time::Instant::now() > deadline {
+            break v;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert_eq!(v["configured"], true);
     assert!(v["since"].as_str().is_some(), "{v}");
     assert_eq!(v["partitions"].as_array().unwrap().len(), 1);
@@ -415,26 +432,68 @@ async fn shadow_view_and_metrics_beside_the_live_policy() {
     assert_eq!(normal["time_to_ready_ms"]["p50"], 1_000);
     assert_eq!(normal["time_to_ready_ms"]["p99"], 1_000);
     assert_eq!(fast["figures"]["tiers"]["limited"]["emissions"], 0);
+    // Per tenant class: beta (own rule) 1 would-be emission, acme (default) 2.
+    assert_eq!(normal["classes"]["own"]["emissions"], 1, "{v}");
+    assert_eq!(normal["classes"]["own"]["time_to_ready_ms"]["p99"], 0);
+    assert_eq!(normal["classes"]["default"]["emissions"], 2);
+    assert_eq!(fast["figures"]["classes"]["default"]["uploads"], 4);
+    assert_eq!(live["figures"]["classes"]["own"]["emissions"], 1);
+    assert_eq!(live["figures"]["classes"]["default"]["emissions"], 0);
 
     let m = scrape(addr).await;
     let fast_normal = [("shadow", "fast"), ("tier", "normal")];
     assert_eq!(m.sum(metrics::SHADOW_EMISSIONS, &fast_normal), 3.0);
     assert_eq!(m.sum(metrics::SHADOW_UPLOADS, &fast_normal), 6.0);
     assert_eq!(
-        m.sum(metrics::SHADOW_UPLOADS_PER_EMISSION, &fast_normal),
+        m.sum(
+            metrics::SHADOW_UPLOADS_PER_EMISSION,
+            &[fast_normal[0], fast_normal[1], ("class", "default")]
+        ),
         2.0
     );
     assert_eq!(
         m.sum(
             metrics::SHADOW_TIME_TO_READY,
-            &[fast_normal[0], fast_normal[1], ("quantile", "0.99")]
+            &[
+                fast_normal[0],
+                fast_normal[1],
+                ("class", "default"),
+                ("quantile", "0.99")
+            ]
+        ),
+        1.0
+    );
+    assert_eq!(
+        m.sum(
+            metrics::SHADOW_EMISSIONS,
+            &[fast_normal[0], fast_normal[1], ("class", "own")]
         ),
         1.0
     );
     assert_eq!(m.sum(metrics::SHADOW_EMISSIONS, &[("shadow", "live")]), 1.0);
+    assert_eq!(
+        m.sum(
+            metrics::SHADOW_EMISSIONS,
+            &[("shadow", "live"), ("class", "default")]
+        ),
+        0.0
+    );
     assert_eq!(m.sum(metrics::SHADOW_REFUSED_SESSIONS, &[]), 2.0);
     assert_eq!(m.sum(metrics::SHADOW_SESSIONS, &[]), 3.0);
     assert!(m.sum(metrics::SHADOW_SINCE, &[]) > 0.0);
+    // The operator page's What-if view puts the same figures side by side.
+    let (code, page) = get(addr, "/ui/whatif").await;
+    assert_eq!(code, 200, "{page}");
+    assert!(
+        page.contains(r#"id="shadows""#)
+            && page.contains("<b>fast</b>")
+            && page.contains("<b>live</b>"),
+        "{page}"
+    );
+    assert!(
+        page.contains(r#"id="shadow-cells""#) && page.contains("<td>own</td>"),
+        "{page}"
+    );
     // The shadow emitted nothing: the broker holds the live emission only.
     assert_eq!(broker.output().len(), 1);
 

@@ -641,6 +641,12 @@ pub(super) async fn whatif(State(s): State<AdminState>, headers: HeaderMap) -> R
     let frame = Frame::of(&s, &headers);
     let rule = s.overrides.rules_in_force().default.to_string();
     let nats_hint = "settle tune --config settle.toml --from-nats --since 30m --report tune.html";
+    let (_, shadow) = answer_json(views::shadow(State(s.clone())).await).await;
+    let policies = shadow["policies"].as_array().cloned().unwrap_or_default();
+    let tiers: Vec<String> = shadow["tiers"]
+        .as_array()
+        .map(|t| t.iter().map(text).collect())
+        .unwrap_or_default();
     let body = html! {
         p.hint { "The live policy's measured point, since this process started: what a " code { "settle tune" } " sweep would put beside its Pareto chart." }
         dl.facts {
@@ -653,6 +659,48 @@ pub(super) async fn whatif(State(s): State<AdminState>, headers: HeaderMap) -> R
             caption { "Time to ready by tier" }
             thead { tr { th scope="col" { "tier" } th scope="col" { "ready records" } th scope="col" { "p50" } th scope="col" { "p99" } } }
             tbody { @for (tier, l) in &st.time_to_ready { tr { td { (tier) } td.num { (l.count) } td.num { (seconds(l.p50_s)) } td.num { (seconds(l.p99_s)) } } } }
+        }
+        h2 { "Shadow policies on live traffic" }
+        @if policies.is_empty() {
+            p.hint { "No " code { "[[shadow]]" } " policy is configured. Each one runs beside the live policy on the same uploads, in memory, emitting nothing (README \"Try a policy on live traffic\")." }
+        } @else {
+            p.hint { "Since " (time(shadow["since"].as_str())) ", on the partitions owned here. Time-to-ready is " code { "due_at − last_upload_at" } ", as " code { "settle tune" } " computes it. Class " code { "own" } ": tenants with a rule of their own (config or override); " code { "default" } ": the others." }
+            div.scroll { table #shadows {
+                thead { tr {
+                    th scope="col" { "policy" } th scope="col" { "rule" } th scope="col" { "emissions" } th scope="col" { "uploads / emission" }
+                    th scope="col" { "p50" } th scope="col" { "p99" } th scope="col" { "sessions held" } th scope="col" { "refused" }
+                } }
+                tbody { @for p in &policies {
+                    @let t = &p["figures"]["total"];
+                    tr {
+                        td { b { (text(&p["name"])) } }
+                        td { code.wrap { (text(&p["rule"])) } }
+                        td.num { (text(&t["emissions"])) }
+                        td.num { (t["uploads_per_emission"].as_f64().map_or("—".into(), |c| format!("{c:.2}"))) }
+                        td.num { (ms(&t["time_to_ready_ms"]["p50"])) }
+                        td.num { (ms(&t["time_to_ready_ms"]["p99"])) }
+                        td.num { (text(&p["sessions"])) }
+                        td.num { (text(&p["refused_sessions"])) }
+                    }
+                } }
+            } }
+            div.scroll { table #shadow-cells {
+                caption { "By tier and tenant class" }
+                thead { tr {
+                    th scope="col" { "policy" } th scope="col" { "tier" } th scope="col" { "class" } th scope="col" { "emissions" }
+                    th scope="col" { "uploads / emission" } th scope="col" { "p50" } th scope="col" { "p99" }
+                } }
+                tbody { @for p in &policies { @for tier in &tiers { @for class in ["default", "own"] {
+                    @let c = &p["figures"]["tiers"][tier.as_str()]["classes"][class];
+                    @if c["emissions"].as_u64().unwrap_or(0) > 0 { tr {
+                        td { (text(&p["name"])) } td { (tier) } td { (class) }
+                        td.num { (text(&c["emissions"])) }
+                        td.num { (c["uploads_per_emission"].as_f64().map_or("—".into(), |v| format!("{v:.2}"))) }
+                        td.num { (ms(&c["time_to_ready_ms"]["p50"])) }
+                        td.num { (ms(&c["time_to_ready_ms"]["p99"])) }
+                    } }
+                } } } }
+            } }
         }
         section.note {
             h2 { "The sweep is not run from this page yet" }
