@@ -12,7 +12,7 @@
 //! | `GET /metrics` | every metric of `crate::metrics`, Prometheus text format; gauges refreshed from the status board, the tier router and the shadow policies at each scrape |
 //! | `GET /healthz` | 200 while the process serves HTTP (liveness) |
 //! | `GET /readyz` | 200 when at least one partition is assigned and every owned partition has its store open and is not restoring (catching up or live); 503 otherwise, with the reason |
-//! | `GET /v1/partitions` | owned partitions: state, next offset, lag, partition time and how far behind the wall clock it is, pending rounds, outbox, next due time, counters |
+//! | `GET /v1/partitions` | owned partitions: state, next offset, lag, partition time and how far behind the wall clock it is, pending rounds, outbox, next due time, counters, and `progress` (0.0–1.0) of the restore (`restored` of `restored + restore_remaining`) or the catch-up (`lag` closed since `catch_up_from`) |
 //! | `GET /v1/tenants/{tenant}` | the tenant's tier and its topic, pinned or not, measured rate (emissions in the last `tiers.period`) against `tiers.limit`, demotion (SEMANTICS §5) |
 //! | `GET /v1/pending` | open rounds of the partitions owned here, a page at a time, with filters (tenant, partition, policy, tier, due time, uploads) and a cursor: key, partition, policy, tier, uploads, first/last upload, due time, max-wait bound, delay, why it waits (`pending` module) |
 //! | `GET /v1/pending/summary` | open rounds (and their uploads) by tier and by due bucket, owed emissions, partitions covered |

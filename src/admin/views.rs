@@ -32,10 +32,32 @@ fn partition_json(s: &PartitionStatus, now: Millis) -> Value {
         "next_due": s.next_due.map(rfc3339),
         "records": s.records,
         "restore_remaining": s.restore_remaining,
+        "restored": s.restored,
+        "catch_up_from": s.catch_up_from,
+        "progress": progress(s),
         "dead_letters": s.dead_letters,
         "emissions": s.emissions,
         "published": s.published,
     })
+}
+
+/// How far the partition is (0.0–1.0) in what it does now: the restore (records replayed
+/// over replayed + left) while restoring, the catch-up (input lag closed since the first lag
+/// it reported) while catching up, 1.0 when live; `None` before either is known.
+fn progress(s: &PartitionStatus) -> Option<f64> {
+    match s.state {
+        PartitionState::Restoring => {
+            let total = s.restored + s.restore_remaining;
+            (total > 0).then(|| s.restored as f64 / total as f64)
+        }
+        PartitionState::CatchingUp => match (s.catch_up_from, s.lag) {
+            (Some(from), Some(lag)) if from > 0 => Some(1.0 - (lag.min(from) as f64 / from as f64)),
+            (Some(_), Some(_)) => Some(1.0),
+            _ => None,
+        },
+        PartitionState::Live => Some(1.0),
+        _ => None,
+    }
 }
 
 pub(super) async fn partitions(State(s): State<AdminState>) -> Response {
@@ -243,5 +265,32 @@ pub(super) async fn session(
                 ),
             )
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_is_the_restore_then_the_catch_up() {
+        let mut s = PartitionStatus::starting("in", 0);
+        assert_eq!(progress(&s), None);
+        s.state = PartitionState::Restoring;
+        assert_eq!(progress(&s), None, "nothing known yet");
+        s.restored = 300;
+        s.restore_remaining = 100;
+        assert_eq!(progress(&s), Some(0.75));
+        s.state = PartitionState::CatchingUp;
+        s.catch_up_from = Some(1_000);
+        s.lag = Some(250);
+        assert_eq!(progress(&s), Some(0.75));
+        // A lag that grew past its start is no progress, not a negative one.
+        s.lag = Some(5_000);
+        assert_eq!(progress(&s), Some(0.0));
+        s.catch_up_from = Some(0);
+        assert_eq!(progress(&s), Some(1.0));
+        s.state = PartitionState::Live;
+        assert_eq!(progress(&s), Some(1.0));
     }
 }

@@ -1655,6 +1655,9 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
             .input
             .lag()
             .map(|lag| lag.saturating_add(self.held.len() as u64));
+        if s.catch_up_from.is_none() {
+            s.catch_up_from = s.lag;
+        }
         s.pending_rounds = self.store.pending_rounds();
         s.outbox_len = self.store.outbox_len();
         s.next_due = self.store.next_timer()?.map(|(d, _)| d);

@@ -43,6 +43,13 @@ const BUDGET_CHECK: usize = 32;
 /// 1-2), against 7-8 ms without a listing. A listing is slower for it; emissions are not.
 pub const LISTING_SHARE_PERCENT: u32 = 5;
 
+/// Longest a slice waits for its turn (ms of wall time), however long the slice before it
+/// held the task: the hold is wall time, and on a starved machine a 2 ms slice can take
+/// 200 ms, which at a 5 % share would hold the next one back 3.8 s, close to the asker's
+/// [`SLICE_TIMEOUT`] (the offline listing test saw a partition reported `unavailable` under a
+/// concurrent build). Well inside that timeout.
+pub const MAX_LISTING_WAIT: Duration = Duration::from_millis(500);
+
 /// Turns a partition task's listing slices into at most [`LISTING_SHARE_PERCENT`] of its
 /// time: a slice asked for before its turn is kept (one at a time; the asker waits for its
 /// answer) and answered when the turn comes.
@@ -108,7 +115,7 @@ impl ListingShare {
     fn spent(&mut self, started: Instant, ended: Instant) {
         let share = LISTING_SHARE_PERCENT.clamp(1, 100);
         let held = ended.saturating_duration_since(started);
-        self.free_at = ended + held * (100 - share) / share;
+        self.free_at = ended + (held * (100 - share) / share).min(MAX_LISTING_WAIT);
     }
 }
 
@@ -617,6 +624,19 @@ mod tests {
         assert!(
             period >= Duration::from_millis(20),
             "a share of at most 10 %"
+        );
+    }
+
+    #[test]
+    fn a_slow_slice_holds_back_the_next_at_most_the_longest_wait() {
+        let mut share = ListingShare::new();
+        let t0 = Instant::now();
+        share.spent(t0, t0 + Duration::from_millis(400));
+        let end = t0 + Duration::from_millis(400);
+        assert_eq!(share.free_at(), end + MAX_LISTING_WAIT);
+        assert!(
+            MAX_LISTING_WAIT * 4 <= SLICE_TIMEOUT,
+            "well inside the asker's timeout"
         );
     }
 

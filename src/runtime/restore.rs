@@ -205,7 +205,11 @@ pub async fn open_and_restore<K: Sink>(
                 let remaining = reader
                     .end_hint()
                     .map_or(0, |end| end.saturating_sub(last + 1).max(0) as u64);
-                status.update(partition, |s| s.restore_remaining = remaining);
+                let restored = report.records;
+                status.update(partition, |s| {
+                    s.restore_remaining = remaining;
+                    s.restored = restored;
+                });
                 if logged_at.elapsed() >= PROGRESS_EVERY {
                     logged_at = Instant::now();
                     tracing::info!(

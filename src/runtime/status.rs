@@ -82,6 +82,13 @@ pub struct PartitionStatus {
     /// Changelog records still to replay before the partition takes input (estimate from
     /// the broker's end offset; 0 when not restoring).
     pub restore_remaining: u64,
+    /// Changelog records replayed so far by the restore of this assignment (with
+    /// [`PartitionStatus::restore_remaining`], the restore's progress).
+    pub restored: u64,
+    /// The input lag (records) when the partition first reported one after it started taking
+    /// input: the catch-up's starting point, so `1 − lag / catch_up_from` is its progress.
+    /// `None` until the first lag is known.
+    pub catch_up_from: Option<u64>,
 }
 
 impl PartitionStatus {
@@ -103,6 +110,8 @@ impl PartitionStatus {
             emissions: 0,
             published: 0,
             restore_remaining: 0,
+            restored: 0,
+            catch_up_from: None,
         }
     }
 

@@ -15,6 +15,9 @@ const DELAY: i64 = 1_000;
 
 /// Produces an upload of `acme/session` at `ts` with `event_id`; returns it as the engine
 /// sees it (for the reference replay).
+/// Per session key, each emission's listed event ids and dropped count (`None`: no list).
+type IdsByKey = BTreeMap<String, Vec<Option<(Vec<String>, u32)>>>;
+
 fn produce_id(f: &Fixture, session: &str, event_id: &str, ts: i64) -> Upload {
     let json = format!(r#"{{"tenant":"acme","session":"{session}","event_id":"{event_id}"}}"#);
     f.broker
@@ -102,12 +105,12 @@ async fn event_ids_survive_a_restart_and_every_copy_lists_the_same_ids() {
     for _ in 0..2 {
         f.run_until(|m| all(m, 2, |s| s.is_idle())).await;
     }
-    let mut copies: BTreeMap<String, Vec<Option<(Vec<String>, u32)>>> = BTreeMap::new();
+    let mut copies: IdsByKey = BTreeMap::new();
     for (e, _) in emitted(&f.broker) {
         let (id, ids) = listed(&e);
         copies.entry(id).or_default().push(ids);
     }
-    let want: BTreeMap<String, Vec<Option<(Vec<String>, u32)>>> = reference(&f.engine, &uploads)
+    let want: IdsByKey = reference(&f.engine, &uploads)
         .iter()
         .map(|e| {
             let (id, ids) = listed(e);

@@ -599,6 +599,29 @@ pub(super) async fn tenant(
     layout(&title, "Tenants", &frame, body).into_response()
 }
 
+/// A partition's restore or catch-up progress (`/v1/partitions` `progress`, 0.0–1.0): a
+/// `<progress>` bar with what it measures (records replayed of the changelog, input lag closed).
+fn progress(p: &Value) -> Markup {
+    let Some(f) = p["progress"].as_f64() else {
+        return html! { "—" };
+    };
+    let pct = (f * 100.0).clamp(0.0, 100.0);
+    let what = match p["state"].as_str() {
+        Some("restoring") => format!(
+            "restore: {} of {} changelog records",
+            text(&p["restored"]),
+            p["restored"].as_u64().unwrap_or(0) + p["restore_remaining"].as_u64().unwrap_or(0)
+        ),
+        Some("catching_up") => format!(
+            "catch-up: lag {} of {} at the start",
+            text(&p["lag"]),
+            text(&p["catch_up_from"])
+        ),
+        _ => "live".to_owned(),
+    };
+    html! { progress max="100" value=(format!("{pct:.0}")) title=(what) aria-label=(what) {} " " (format!("{pct:.0} %")) }
+}
+
 /// `GET /ui/partitions`.
 pub(super) async fn partitions(State(s): State<AdminState>, headers: HeaderMap) -> Response {
     let (_, v) = answer_json(views::partitions(State(s.clone())).await).await;
@@ -608,7 +631,7 @@ pub(super) async fn partitions(State(s): State<AdminState>, headers: HeaderMap) 
         p.hint { "Partitions owned by instance " code { (s.actions.instance) } ". Another instance answers for the others." }
         div.scroll { table {
             thead { tr {
-                th scope="col" { "partition" } th scope="col" { "state" } th scope="col" { "next offset" } th scope="col" { "lag" }
+                th scope="col" { "partition" } th scope="col" { "state" } th scope="col" { "progress" } th scope="col" { "next offset" } th scope="col" { "lag" }
                 th scope="col" { "partition time" } th scope="col" { "behind" } th scope="col" { "open rounds" } th scope="col" { "owed" }
                 th scope="col" { "next due" } th scope="col" { "restore left" } th scope="col" { "records" } th scope="col" { "dead letters" } th scope="col" { "ready records" }
             } }
@@ -616,6 +639,7 @@ pub(super) async fn partitions(State(s): State<AdminState>, headers: HeaderMap) 
                 @for p in &list { tr {
                     td.num { (text(&p["partition"])) }
                     td { (text(&p["state"])) @if !p["error"].is_null() { ": " (text(&p["error"])) } }
+                    td { (progress(p)) }
                     td.num { (text(&p["next_offset"])) }
                     td.num { (text(&p["lag"])) }
                     td { (time(p["partition_time"].as_str())) }
@@ -628,7 +652,7 @@ pub(super) async fn partitions(State(s): State<AdminState>, headers: HeaderMap) 
                     td.num { (text(&p["dead_letters"])) }
                     td.num { (text(&p["published"])) }
                 } }
-                @if list.is_empty() { tr { td colspan="13" { "no partition owned here" } } }
+                @if list.is_empty() { tr { td colspan="14" { "no partition owned here" } } }
             }
         } }
     };
