@@ -170,7 +170,7 @@ mod tests {
             let mut set = h.lock();
             set.apply(0, &Upload::plain(SessionKey::new("t", session), 0));
             set.advance(1_000);
-            set.count(&[], |_| 0);
+            set.count(&[], |_| (0, crate::engine::TenantClass::Default));
         }
         let snap = board.snapshot();
         assert_eq!(snap.since(), Some(50));
