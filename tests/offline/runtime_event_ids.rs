@@ -41,8 +41,11 @@ fn produce_rounds(f: &Fixture, sessions: &[&str]) -> Vec<Upload> {
     uploads
 }
 
+/// The event ids an emission lists and how many it dropped; `None` without a list.
+type ListedIds = Option<(Vec<String>, u32)>;
+
 /// `(emission id, listed ids, dropped)` of an emission.
-fn listed(e: &Emission) -> (String, Option<(Vec<String>, u32)>) {
+fn listed(e: &Emission) -> (String, ListedIds) {
     let ids = e
         .event_ids
         .as_ref()
@@ -102,12 +105,12 @@ async fn event_ids_survive_a_restart_and_every_copy_lists_the_same_ids() {
     for _ in 0..2 {
         f.run_until(|m| all(m, 2, |s| s.is_idle())).await;
     }
-    let mut copies: BTreeMap<String, Vec<Option<(Vec<String>, u32)>>> = BTreeMap::new();
+    let mut copies: BTreeMap<String, Vec<ListedIds>> = BTreeMap::new();
     for (e, _) in emitted(&f.broker) {
         let (id, ids) = listed(&e);
         copies.entry(id).or_default().push(ids);
     }
-    let want: BTreeMap<String, Vec<Option<(Vec<String>, u32)>>> = reference(&f.engine, &uploads)
+    let want: BTreeMap<String, Vec<ListedIds>> = reference(&f.engine, &uploads)
         .iter()
         .map(|e| {
             let (id, ids) = listed(e);
