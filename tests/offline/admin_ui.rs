@@ -393,16 +393,11 @@ async fn the_whatif_form_runs_one_sweep_at_a_time_under_the_page_rules() {
         .unwrap()
         .expect("the first sweep starts");
     let as_alice_cookie = format!("settle_ui={}", hex(OPERATOR_TOKEN));
-    let (_, alice_page) = get_page(addr, "/ui/whatif", &[("Cookie", &as_alice_cookie)]).await;
+    let as_alice = [("Cookie", as_alice_cookie.as_str())];
+    let (_, alice_page) = get_page(addr, "/ui/whatif", &as_alice).await;
     assert!(alice_page.contains("A sweep is running"), "{alice_page}");
     let alice_form = format!("csrf={}&minutes=10&sweep=&goal=", csrf_of(&alice_page));
-    let (code, _, body) = post_form(
-        addr,
-        "/ui/whatif",
-        &[("Cookie", &as_alice_cookie)],
-        &alice_form,
-    )
-    .await;
+    let (code, _, body) = post_form(addr, "/ui/whatif", &as_alice, &alice_form).await;
     assert_eq!(code, 409, "{body}");
     assert!(
         body.contains("a sweep is running, started at") && body.contains("by prom"),
@@ -441,13 +436,7 @@ async fn the_whatif_form_runs_one_sweep_at_a_time_under_the_page_rules() {
 
     // The slot is free again: blank sweep and goal go to the runner as the defaults.
     go.send(()).unwrap();
-    let (code, _, body) = post_form(
-        addr,
-        "/ui/whatif",
-        &[("Cookie", &as_alice_cookie)],
-        &alice_form,
-    )
-    .await;
+    let (code, _, body) = post_form(addr, "/ui/whatif", &as_alice, &alice_form).await;
     assert_eq!(code, 200, "{body}");
     assert_eq!(
         fake.asked.lock().unwrap()[1],
