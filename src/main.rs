@@ -209,7 +209,9 @@ fn print_summary(summary: &impl std::fmt::Display) -> std::io::Result<()> {
 
 fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
-        Command::Run { config, transport } => settle::service::run(config.as_deref(), transport)?,
+        Command::Run { config, transport } => {
+            settle::service::run(config.as_deref(), transport, Some(cli::whatif::for_config))?
+        }
         Command::Admin(args) => cli::admin::run(&args, &mut std::io::stdout().lock())?,
         Command::Consume(args) => {
             let report = cli::consume::run(&args, &mut std::io::stdout().lock(), &|| false)?;

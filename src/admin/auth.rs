@@ -18,8 +18,9 @@
 //! * **Reads** are open unless `admin.protect-reads`; then they need a token of either role.
 //! * **The operator page** (`/ui`, [`super::ui`]) follows the same rules: a `/ui` request
 //!   without an `Authorization` header presents the token its login cookie keeps, every
-//!   request under `/ui/` that is not a read is an action, and the login form, logout and the
-//!   browser files are open ([`super::ui::is_open`]). A refused `/ui` request is answered
+//!   request under `/ui/` that is not a read is an action but the What-if form, which only
+//!   reads ([`super::ui::is_read_form`]: a read token may run a sweep), and the login form,
+//!   logout and the browser files are open ([`super::ui::is_open`]). A refused `/ui` request is answered
 //!   with the login page and the reason (same status, count and audit record).
 //!
 //! A refused request gets 401 (no token, or one that matches none; with `WWW-Authenticate:
@@ -353,11 +354,14 @@ impl Default for Auth {
 }
 
 /// Whether a request is an action (module docs): not a read, on a `/v1/` path, or on a
-/// `/ui/` path other than the open ones (login, logout).
+/// `/ui/` path other than the open ones (login, logout) and the forms that only read (the
+/// What-if sweep: [`super::ui::is_read_form`]).
 pub fn is_action(method: &Method, path: &str) -> bool {
     !(method == Method::GET || method == Method::HEAD)
         && (path.starts_with("/v1/")
-            || (path.starts_with("/ui/") && !super::ui::is_open(method, path)))
+            || (path.starts_with("/ui/")
+                && !super::ui::is_open(method, path)
+                && !super::ui::is_read_form(method, path)))
 }
 
 /// The path of `POST /v1/whoami`.
@@ -723,6 +727,9 @@ mod tests {
         );
         assert!(auth.decide(&post, "/ui/actions", Some(&bearer_op)).is_ok());
         assert!(auth.decide(&get, "/ui/pending", None).is_ok());
+        // The What-if form only reads: a read token runs it, nothing without protect-reads.
+        assert!(auth.decide(&post, "/ui/whatif", Some(&bearer_rd)).is_ok());
+        assert!(auth.decide(&post, "/ui/whatif", None).is_ok());
         assert_eq!(
             refused(protected.decide(&get, "/ui/pending", None)).0,
             Refusal::MissingToken
@@ -732,6 +739,11 @@ mod tests {
         assert_eq!(
             refused(off.decide(&post, "/ui/actions", Some(&bearer_op))).0,
             Refusal::ActionsDisabled
+        );
+        assert!(off.decide(&post, "/ui/whatif", Some(&bearer_rd)).is_ok());
+        assert_eq!(
+            refused(protected.decide(&post, "/ui/whatif", None)).0,
+            Refusal::MissingToken
         );
         // No token configured: actions open, as anonymous.
         let open = Auth::default();

@@ -25,7 +25,7 @@
 //! | `POST /v1/whoami` | the caller's credential name and role (needs a token of either role when tokens are configured), and whether actions are on and reads protected |
 //! | `GET /v1/shadow` | the `[[shadow]]` policies beside the live one (SEMANTICS §8): per policy, tier and tenant class (`default`, `own`: `engine::TenantClass`), emissions (would-be, for a shadow), uploads per emission, time-to-ready p50/p99 (`due_at − last_upload_at`, ms, as `settle tune` has it); each shadow's sessions held and refused within `runtime.shadow-max-sessions`; when the figures start (`since`, per partition: they start empty at each assignment) |
 //! | `GET /v1/sessions/{tenant}/{session}` | the session's CallTrack, open round and next due time, asked of the partition task that holds it (SEMANTICS §4); 404 when no partition owned here holds it |
-//! | `/ui`, `/ui/...` | the operator page: HTML views of the above, login, flush/cancel and override forms ([`ui`]) |
+//! | `/ui`, `/ui/...` | the operator page: HTML views of the above, login, flush/cancel and override forms, the What-if sweep ([`ui`], [`whatif`]) |
 //!
 //! Errors are JSON `{"error": "..."}`: 400 for a path segment that is not a valid tenant or
 //! session (SEMANTICS §2) or not UTF-8, or a bad parameter or body (the message names it),
@@ -42,8 +42,10 @@ mod pending;
 pub mod tls;
 pub mod ui;
 mod views;
+pub mod whatif;
 
 pub use auth::{Auth, Operator, Role};
+pub use whatif::{WhatIf, WhatIfFactory};
 
 use crate::codec::format_rfc3339_ms;
 use crate::engine::Millis;
@@ -98,6 +100,11 @@ pub struct AdminState {
     /// `store.data-dir`: the operator page reads the tier-events task's `tiers.json` there
     /// (a tenant's latest tier changes).
     data_dir: Arc<std::path::Path>,
+    /// Replays the input's last minutes for the What-if view (`POST /ui/whatif`); `None`:
+    /// the view only says how to run `settle tune`.
+    whatif: Option<Arc<dyn WhatIf>>,
+    /// The sweep running in this process, if any (one at a time).
+    sweeps: whatif::SweepSlot,
 }
 
 impl AdminState {
@@ -118,6 +125,8 @@ impl AdminState {
             shadows: runtime.shadows(),
             tls: false,
             data_dir: Arc::from(runtime.options().data_dir.as_path()),
+            whatif: None,
+            sweeps: whatif::SweepSlot::default(),
         }
     }
 
@@ -131,6 +140,14 @@ impl AdminState {
     /// records through `channel` (SEMANTICS §7).
     pub fn with_action_channel(mut self, channel: Arc<dyn ActionChannel>) -> Self {
         self.channel = Some(channel);
+        self
+    }
+
+    /// Lets the What-if view run sweeps with `whatif`: the last 1 to
+    /// [`whatif::MAX_MINUTES`] minutes of the input (at most [`whatif::MAX_UPLOADS`]
+    /// uploads) replayed under `settle tune`'s settings, one sweep at a time per process.
+    pub fn with_whatif(mut self, whatif: Arc<dyn WhatIf>) -> Self {
+        self.whatif = Some(whatif);
         self
     }
 }
@@ -234,7 +251,8 @@ impl AdminServer {
 
     /// Starts the server of `runtime` when `config.enabled`, with the tokens and rules of
     /// `config` ([`Auth::from_config`]) and its TLS files; operator actions go through
-    /// `actions` (none: `POST /v1/actions` answers 503).
+    /// `actions` (none: `POST /v1/actions` answers 503), the What-if view's sweeps through
+    /// `whatif` (none: the view only says how to run `settle tune`).
     ///
     /// Errors: the tokens or TLS files cannot be read or are invalid, actions are on at a
     /// non-loopback `admin.listen` without a token, or `admin.listen` cannot be bound; each
@@ -243,6 +261,7 @@ impl AdminServer {
         config: &AdminConfig,
         runtime: &Runtime<K, C>,
         actions: Option<Arc<dyn ActionChannel>>,
+        whatif: Option<Arc<dyn WhatIf>>,
     ) -> anyhow::Result<Option<Self>> {
         if !config.enabled {
             return Ok(None);
@@ -250,6 +269,9 @@ impl AdminServer {
         let mut state = AdminState::new(runtime).with_auth(Auth::from_config(config)?);
         if let Some(channel) = actions {
             state = state.with_action_channel(channel);
+        }
+        if let Some(whatif) = whatif {
+            state = state.with_whatif(whatif);
         }
         let tls = match (&config.tls_cert_file, &config.tls_key_file) {
             (Some(cert), Some(key)) => Some(tls::server_config(cert, key)?),

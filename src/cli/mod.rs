@@ -18,6 +18,7 @@
 //! | [`trace`] | helper: the trace format (JSONL lines, loaded traces) of simulate, tune and the trace sources |
 //! | [`trace_source`] | helper: where simulate and tune read a trace (a file, a Kafka topic, a NATS stream) |
 //! | [`report`] | helper: run figures of simulate, demo and tune |
+//! | [`whatif`] | helper of `settle run`: the operator page's What-if sweep (tune over the input's last minutes), handed down to the admin server |
 //!
 //! `settle run` is not a tool: it is `crate::service`.
 
@@ -35,6 +36,7 @@ pub mod simulate;
 pub mod trace;
 pub mod trace_source;
 pub mod tune;
+pub mod whatif;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::time::Duration;

@@ -27,12 +27,15 @@
 //! * The partitions are interleaved by timestamp, each kept in offset order (so a key's
 //!   uploads stay in the order the runtime applies them): the order a caught-up runtime
 //!   would see.
+//! * A read may be bounded (`max_uploads`, the operator page's What-if sweep): it stops with
+//!   [`TooManyUploads`] as soon as the range holds more uploads than that, instead of
+//!   holding them all.
 
 use super::progress_bar;
 use super::trace::TraceError;
 use super::trace::{read_trace_file, Trace};
 use crate::codec;
-use crate::config::Config;
+use crate::config::{Config, Transport};
 use crate::engine::{Millis, Upload};
 use crate::transport::kafka::partition_count;
 use crate::transport::kafka::{KafkaConfig, LogContext, Role};
@@ -271,6 +274,11 @@ impl fmt::Display for ReadSummary {
     }
 }
 
+/// A bounded read stopped: the range holds more than this many uploads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the range holds more than {0} uploads: read a shorter range")]
+pub struct TooManyUploads(pub u64);
+
 /// A trace read from a broker, with what the read saw.
 #[derive(Debug)]
 pub struct BrokerTrace {
@@ -291,11 +299,20 @@ struct Collector {
     /// NATS: the partition count keys hash over; an upload on another partition than its
     /// key's is rejected as `wrong_partition`, as `settle run` dead-letters it.
     key_partitions: Option<u32>,
+    /// Most uploads kept; one more sets `over` and is dropped.
+    max_uploads: Option<u64>,
+    /// Uploads kept in `partitions`.
+    kept: u64,
+    /// More than `max_uploads` uploads were in the range: the read must stop.
+    over: bool,
 }
 
 impl Collector {
-    fn new(source: String, range: TimeRange, wall: Millis) -> Self {
+    fn new(source: String, range: TimeRange, wall: Millis, max_uploads: Option<u64>) -> Self {
         Collector {
+            max_uploads,
+            kept: 0,
+            over: false,
             range,
             wall,
             trace: Trace::default(),
@@ -345,11 +362,14 @@ impl Collector {
             }
         });
         match decoded {
-            Ok(u) => self
-                .partitions
-                .entry(partition)
-                .or_default()
-                .push((u.event_time, u)),
+            Ok(_) if self.max_uploads.is_some_and(|m| self.kept >= m) => self.over = true,
+            Ok(u) => {
+                self.kept += 1;
+                self.partitions
+                    .entry(partition)
+                    .or_default()
+                    .push((u.event_time, u));
+            }
             Err(source) => {
                 *self.summary.rejected.entry(source.reason()).or_default() += 1;
                 self.trace.reject(TraceError::Record { at: at(), source });
@@ -359,7 +379,17 @@ impl Collector {
 
     /// Drops what was collected for `partition` (it is read again from its beginning).
     fn restart(&mut self, partition: i32) {
-        self.partitions.remove(&partition);
+        if let Some(dropped) = self.partitions.remove(&partition) {
+            self.kept -= dropped.len() as u64;
+        }
+    }
+
+    /// [`TooManyUploads`] once the bound was passed.
+    fn check_bound(&self) -> Result<(), TooManyUploads> {
+        match self.max_uploads {
+            Some(m) if self.over => Err(TooManyUploads(m)),
+            _ => Ok(()),
+        }
     }
 
     /// The trace: partitions interleaved by timestamp, each in read order (ties: lower
@@ -412,15 +442,18 @@ struct KafkaPartition {
 }
 
 /// Reads `topic` over `range` with the `[kafka]` settings `kafka` (module docs), drawing a
-/// progress bar on stderr when `progress` is true. Blocking; run it off async tasks.
+/// progress bar on stderr when `progress` is true, keeping at most `max_uploads` uploads.
+/// Blocking; run it off async tasks.
 ///
 /// Errors: the topic's metadata cannot be read (missing topic, cluster unreachable), the
-/// reader cannot be created, or a consumer error other than end-of-partition.
+/// reader cannot be created, a consumer error other than end-of-partition, or
+/// [`TooManyUploads`].
 pub fn read_kafka(
     kafka: &KafkaConfig,
     topic: &str,
     range: TimeRange,
     progress: bool,
+    max_uploads: Option<u64>,
 ) -> anyhow::Result<BrokerTrace> {
     let wall = wall_ms();
     let consumer: BaseConsumer<LogContext> = kafka
@@ -433,6 +466,7 @@ pub fn read_kafka(
         format!("kafka topic {topic} at {}", kafka.bootstrap_servers),
         range,
         wall,
+        max_uploads,
     );
     collector.summary.partitions = n as usize;
     let mut parts = vec![KafkaPartition::default(); n as usize];
@@ -529,6 +563,10 @@ pub fn read_kafka(
                     m.payload().unwrap_or_default(),
                     ts,
                 );
+                if let Err(e) = collector.check_bound() {
+                    bar.abandon();
+                    return Err(e.into());
+                }
                 bar.inc(1);
                 if bar.position() > bar.length().unwrap_or(0) {
                     bar.set_length(bar.position());
@@ -611,14 +649,17 @@ fn restart(
 }
 
 /// Reads JetStream stream `stream` over `range` with the `[nats]` settings `nats` (module
-/// docs), drawing a progress bar on stderr when `progress` is true.
+/// docs), drawing a progress bar on stderr when `progress` is true, keeping at most
+/// `max_uploads` uploads.
 ///
-/// Errors: the server does not answer, the stream does not exist, or a fetch fails.
+/// Errors: the server does not answer, the stream does not exist, a fetch fails, or
+/// [`TooManyUploads`].
 pub async fn read_nats(
     nats: &NatsConfig,
     stream: &str,
     range: TimeRange,
     progress: bool,
+    max_uploads: Option<u64>,
 ) -> anyhow::Result<BrokerTrace> {
     let wall = wall_ms();
     let client = nats::connect(nats).await?;
@@ -627,6 +668,7 @@ pub async fn read_nats(
         format!("nats stream {stream} at {}", nats.servers_shown()),
         range,
         wall,
+        max_uploads,
     );
     collector.key_partitions = Some(nats.partitions);
     let s = js.get_stream(stream).await.with_context(|| {
@@ -732,6 +774,7 @@ async fn read_messages(
                 &m.payload,
                 ts,
             );
+            collector.check_bound()?;
             bar.inc(1);
             if left == 0 {
                 return Ok(());
@@ -739,6 +782,40 @@ async fn read_messages(
         }
         if got == 0 {
             return Ok(());
+        }
+    }
+}
+
+/// Reads the input of `transport` with the settings of `config` over `range`: topic
+/// `kafka.input-topic` or stream `nats.input-stream` unless `topic` names another, at most
+/// `max_uploads` uploads, a progress bar on stderr when `progress`. Blocking (NATS: on an
+/// async runtime of its own); run it off async tasks.
+///
+/// Errors: those of [`read_kafka`] and [`read_nats`], or no async runtime can start.
+pub fn read_input(
+    config: &Config,
+    transport: Transport,
+    topic: Option<&str>,
+    range: TimeRange,
+    progress: bool,
+    max_uploads: Option<u64>,
+) -> anyhow::Result<BrokerTrace> {
+    match transport {
+        Transport::Kafka => {
+            let topic = topic.unwrap_or(&config.kafka.input_topic);
+            read_kafka(&config.kafka, topic, range, progress, max_uploads)
+        }
+        Transport::Nats => {
+            let stream = topic.unwrap_or(&config.nats.input_stream);
+            tokio::runtime::Runtime::new()
+                .context("cannot start the async runtime")?
+                .block_on(read_nats(
+                    &config.nats,
+                    stream,
+                    range,
+                    progress,
+                    max_uploads,
+                ))
         }
     }
 }
@@ -772,15 +849,19 @@ pub fn load(args: &SourceArgs, config: &Config) -> anyhow::Result<LoadedTrace> {
     }
     let range = TimeRange::resolve(args.since, args.until, wall_ms())?;
     let progress = !args.no_progress && std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let read = if args.choice.from_kafka {
-        let topic = args.topic.as_deref().unwrap_or(&config.kafka.input_topic);
-        read_kafka(&config.kafka, topic, range, progress)?
+    let transport = if args.choice.from_kafka {
+        Transport::Kafka
     } else {
-        let stream = args.topic.as_deref().unwrap_or(&config.nats.input_stream);
-        tokio::runtime::Runtime::new()
-            .context("cannot start the async runtime")?
-            .block_on(read_nats(&config.nats, stream, range, progress))?
+        Transport::Nats
     };
+    let read = read_input(
+        config,
+        transport,
+        args.topic.as_deref(),
+        range,
+        progress,
+        None,
+    )?;
     eprintln!("{}", read.summary);
     for e in read.trace.rejected.iter().take(WARNED_RECORDS) {
         tracing::warn!("skipped {e}");
@@ -841,7 +922,7 @@ mod tests {
             since: None,
             until: 1_000,
         };
-        let mut c = Collector::new("test".into(), range, Millis::MAX);
+        let mut c = Collector::new("test".into(), range, Millis::MAX, None);
         c.key_partitions = Some(8);
         let key = "acme/build-42"; // partition 1 of 8
         let body = br#"{"tenant":"acme","session":"build-42"}"#;
@@ -853,12 +934,37 @@ mod tests {
     }
 
     #[test]
+    fn a_bounded_read_stops_past_its_bound_and_a_restart_gives_room_back() {
+        let range = TimeRange {
+            since: None,
+            until: 1_000,
+        };
+        let mut c = Collector::new("test".into(), range, Millis::MAX, Some(2));
+        let rec = |s: &str| format!(r#"{{"tenant":"t","session":"{s}"}}"#);
+        let push = |c: &mut Collector, p: i32, s: &str| {
+            let key = format!("t/{s}");
+            c.push(p, String::new, Some(key.as_bytes()), rec(s).as_bytes(), 10);
+        };
+        push(&mut c, 0, "a");
+        push(&mut c, 1, "b");
+        // Bad records do not count against the bound.
+        c.push(0, String::new, Some(b"t/x"), b"not json", 10);
+        assert_eq!(c.check_bound(), Ok(()));
+        c.restart(1);
+        push(&mut c, 1, "b");
+        assert_eq!(c.check_bound(), Ok(()));
+        push(&mut c, 0, "c");
+        assert_eq!(c.check_bound(), Err(TooManyUploads(2)));
+        assert_eq!(c.kept, 2);
+    }
+
+    #[test]
     fn partitions_interleave_by_timestamp_keeping_each_in_read_order() {
         let range = TimeRange {
             since: Some(100),
             until: 1_000,
         };
-        let mut c = Collector::new("test".into(), range, Millis::MAX);
+        let mut c = Collector::new("test".into(), range, Millis::MAX, None);
         let rec = |s: &str| format!(r#"{{"tenant":"t","session":"{s}"}}"#);
         // Partition 1 has a record stamped before its predecessor: it keeps its place.
         let records = [

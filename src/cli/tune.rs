@@ -645,13 +645,19 @@ impl TuneReport {
         plot_svg(self).map_err(|e| PlotError(e.to_string()))
     }
 
+    /// [`TuneReport::render_svg`] as an element to put inside an HTML page: the `<svg>`
+    /// element alone, without the XML prolog.
+    pub fn render_svg_element(&self) -> Result<String, PlotError> {
+        let mut svg = self.render_svg()?;
+        if let Some(i) = svg.find("<svg") {
+            svg.replace_range(..i, "");
+        }
+        Ok(svg)
+    }
+
     /// An HTML page (well-formed XHTML syntax) with the verdict, the table and the SVG chart.
     pub fn render_html(&self) -> Result<String, PlotError> {
-        let svg = self.render_svg()?;
-        let svg = match svg.find("<svg") {
-            Some(i) => &svg[i..],
-            None => svg.as_str(),
-        };
+        let svg = self.render_svg_element()?;
         let mut html = String::new();
         html.push_str("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\"/>\n");
         html.push_str(&format!(
@@ -687,7 +693,7 @@ impl TuneReport {
         for line in self.verdict() {
             html.push_str(&format!("<p>{}</p>\n", escape(&line)));
         }
-        html.push_str(svg);
+        html.push_str(&svg);
         html.push_str("\n</body>\n</html>\n");
         Ok(html)
     }

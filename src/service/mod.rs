@@ -25,7 +25,7 @@ pub mod signals;
 
 pub use signals::{shutdown_on_signals, SignalThread};
 
-use crate::admin::AdminServer;
+use crate::admin::{AdminServer, WhatIf, WhatIfFactory};
 use crate::config::kafka::ProcessingGuarantee;
 use crate::config::{Config, Transport};
 use crate::engine::Engine;
@@ -44,14 +44,20 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// `settle run`: loads the config (`file`, then `SETTLE_*` variables), applies the
-/// `--transport` override, logs what it starts with, and runs [`run_until`] on a new tokio
+/// `--transport` override, logs what it starts with, makes the What-if view's sweep runner
+/// with `whatif` from that config (`main` passes the tools' one: they sit above this
+/// module), and runs [`run_until`] on a new tokio
 /// runtime until SIGINT/SIGTERM (a second signal exits at once; a stop still running
 /// `runtime.shutdown-deadline` + [`SHUTDOWN_GRACE`] after it began ends the process with
 /// status 1: [`signals`]).
 ///
 /// Errors (exit status 1, module docs): an invalid config, anything [`run_until`] returns,
 /// and a failed partition (the first one, with its reason).
-pub fn run(file: Option<&Path>, transport: Option<Transport>) -> anyhow::Result<()> {
+pub fn run(
+    file: Option<&Path>,
+    transport: Option<Transport>,
+    whatif: Option<WhatIfFactory>,
+) -> anyhow::Result<()> {
     let mut config = Config::load(file)?;
     if let Some(t) = transport {
         config.transport = t;
@@ -66,7 +72,7 @@ pub fn run(file: Option<&Path>, transport: Option<Transport>) -> anyhow::Result<
     )
     .context("cannot install signal handlers")?;
     let (partitions, flushed) = crate::runtime::block_on(async {
-        let summary = run_until(&config, shutdown).await?;
+        let summary = run_until(&config, shutdown, whatif.map(|make| make(&config))).await?;
         if let Some((p, reason)) = summary.failed().first() {
             anyhow::bail!("partition {p} failed: {reason}");
         }
@@ -138,8 +144,9 @@ async fn check_transactions(
 /// partition runtime ([`Runtime::run`]) over that transport's source and sink, stores under
 /// `store.data-dir`, the debounce policies of `[debounce]`, each emission to its tenant's
 /// tier topic and tier changes to `tiers.events-topic` (one router for the process), the
-/// admin endpoints of `[admin]` until the runtime has stopped. Must run inside a tokio
-/// runtime.
+/// admin endpoints of `[admin]` until the runtime has stopped, their What-if view's sweeps
+/// through `whatif` (none: the view only says how to run `settle tune`). Must run inside a
+/// tokio runtime.
 ///
 /// * Kafka: the consumer group of `[kafka]` and an idempotent producer (exactly-once: the
 ///   transactions commit that group's offsets, once the cluster was seen to support them);
@@ -152,7 +159,11 @@ async fn check_transactions(
 /// `admin.listen` without a token, unreadable tokens or TLS files), clients the library rejects, an unreadable credentials file, a Kafka cluster
 /// without transactions in exactly-once mode, an `admin.listen` address that cannot be
 /// bound, a fatal source error, an expired lease. Partitions that failed are in the summary.
-pub async fn run_until(config: &Config, shutdown: CancellationToken) -> anyhow::Result<RunSummary> {
+pub async fn run_until(
+    config: &Config,
+    shutdown: CancellationToken,
+    whatif: Option<Arc<dyn WhatIf>>,
+) -> anyhow::Result<RunSummary> {
     // Before any client connects: a refused admin setup (actions on a public address
     // without a token, an unreadable tokens or TLS file) stops the start here.
     crate::admin::preflight(&config.admin)?;
@@ -189,6 +200,7 @@ pub async fn run_until(config: &Config, shutdown: CancellationToken) -> anyhow::
                 actions,
                 overrides,
                 beside: None,
+                whatif,
             };
             serve(config, options, source, sink, shared, shutdown).await
         }
@@ -235,6 +247,7 @@ pub async fn run_until(config: &Config, shutdown: CancellationToken) -> anyhow::
                 actions,
                 overrides,
                 beside: heartbeat,
+                whatif,
             };
             serve(config, options, source, sink, shared, shutdown).await
         }
@@ -248,13 +261,15 @@ type Beside =
 
 /// What the instances of a deployment share through the broker besides the input and
 /// output: tier counts (with this instance's name), the action channel with this
-/// instance's action log, the tenant overrides; and the transport's task beside the
-/// runtime.
+/// instance's action log, the tenant overrides; the transport's task beside the runtime;
+/// and the What-if view's sweep runner.
 struct Shared {
     counts: Option<(Arc<dyn TierCounts>, String)>,
     actions: (Arc<dyn ActionChannel>, ActionLog),
     overrides: Option<Arc<dyn OverrideStore>>,
     beside: Option<Beside>,
+    /// The What-if view's sweeps (the admin server's [`WhatIf`]).
+    whatif: Option<Arc<dyn WhatIf>>,
 }
 
 /// What every transport shares: the runtime over `source` and `sink`, the admin server, the
@@ -272,6 +287,7 @@ async fn serve<S: Source, K: Sink>(
         actions: (channel, log),
         overrides,
         beside,
+        whatif,
     } = shared;
     let mut runtime = Runtime::new(
         Engine::new(config.policy_table()),
@@ -298,7 +314,7 @@ async fn serve<S: Source, K: Sink>(
         runtime = runtime.with_tier_counts(counts, &instance);
     }
     let tail = tokio::spawn(tail_audit(Arc::clone(&channel), log));
-    let admin = AdminServer::start_for(&config.admin, &runtime, Some(channel)).await?;
+    let admin = AdminServer::start_for(&config.admin, &runtime, Some(channel), whatif).await?;
     let watch = tokio::spawn(progress::watch(runtime.status(), shutdown.clone()));
     let beside = beside.map(|task| tokio::spawn(task(runtime.metrics(), shutdown.child_token())));
     let drill = signals::drill_block_workers(runtime.status());

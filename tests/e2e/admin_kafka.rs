@@ -106,7 +106,7 @@ async fn kafka_run_serves_metrics_that_match_the_topics() -> Result<()> {
     let shutdown = CancellationToken::new();
     let run = {
         let (config, shutdown) = (config.clone(), shutdown.clone());
-        tokio::spawn(async move { settle::service::run_until(&config, shutdown).await })
+        tokio::spawn(async move { settle::service::run_until(&config, shutdown, None).await })
     };
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
 

@@ -51,6 +51,7 @@ mod nats_process;
 mod nats_rescale;
 mod nats_tier_counts;
 mod nats_tiers;
+mod nats_whatif;
 mod shadow_run_file;
 mod signals;
 mod tune_kafka;

@@ -101,7 +101,7 @@ async fn tune_reads_a_time_range_from_the_kafka_input_topic() -> Result<()> {
     let read = {
         let kafka = kafka.clone();
         let topic = topic.clone();
-        tokio::task::spawn_blocking(move || read_kafka(&kafka, &topic, range, false))
+        tokio::task::spawn_blocking(move || read_kafka(&kafka, &topic, range, false, None))
             .await
             .context("reader task")??
     };

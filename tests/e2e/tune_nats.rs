@@ -76,7 +76,7 @@ async fn check(setup: &Setup, addr: &str) -> Result<()> {
         since: Some(since),
         until,
     };
-    let read = read_nats(&setup.nats, &setup.nats.input_stream, range, false).await?;
+    let read = read_nats(&setup.nats, &setup.nats.input_stream, range, false, None).await?;
     let s = &read.summary;
     ensure!(s.uploads == (20 + a_in_range) as u64, "{s}");
     ensure!(s.rejected.get("invalid_json") == Some(&1), "{s}");

@@ -361,7 +361,7 @@ async fn no_start_on_a_public_address_with_actions_and_no_token() {
     let mut config = settle::config::Config::default();
     config.admin.listen = public;
     config.store.data_dir = dir.path().join("data");
-    let e = settle::service::run_until(&config, CancellationToken::new())
+    let e = settle::service::run_until(&config, CancellationToken::new(), None)
         .await
         .unwrap_err()
         .to_string();

@@ -7,19 +7,27 @@
 //! * a form that acts without a login is refused 401 (audited like a `/v1` action), with a
 //!   read token 403, from another site 403 (origin), without the page's CSRF token 403;
 //! * with the operator's cookie and the page's CSRF token, flush confirms first, then acts
-//!   and the audit names the operator and the reason.
+//!   and the audit names the operator and the reason;
+//! * the What-if view (with a fake sweep runner): its form carries the runner's defaults and
+//!   a CSRF token; a post without the token or from another site is refused before any
+//!   sweep, a bad look-back is a 400 in the page; a read token runs a sweep; a second one
+//!   while it runs is refused 409 with who started it and when; the result is the chart and
+//!   the table with the Pareto and recommended rows marked, beside the live point. Without
+//!   a runner the view says how to run `settle tune`.
 
 use crate::admin_support::{try_exchange, try_exchange_typed};
 use crate::runtime_support::*;
 use settle::admin::auth::Credentials;
-use settle::admin::{AdminServer, AdminState, Auth};
+use settle::admin::whatif::{WhatIfError, WhatIfRequest, WhatIfResult, WhatIfRow};
+use settle::admin::{AdminServer, AdminState, Auth, WhatIf};
 use settle::codec::action::{AuditRecord, AuditStage};
 use settle::engine::{Millis, PolicySpec};
 use settle::runtime::{ActionLog, Clock, Runtime};
 use settle::transport::memory::{MemoryBroker, MEMORY_AUDIT_TOPIC};
 use settle::transport::ActionChannel;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -56,6 +64,25 @@ async fn get_page(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> (u1
         .await
         .unwrap_or_else(|e| panic!("GET {path}: {e}"));
     (code, body)
+}
+
+/// `form` (carrying `csrf`) posted to `path` with the login `cookie` is refused 403 when it
+/// comes from another site, and without its CSRF token.
+async fn refused_cross_site_and_without_csrf(
+    addr: SocketAddr,
+    path: &str,
+    cookie: &str,
+    form: &str,
+    csrf: &str,
+) {
+    let cross = [("Cookie", cookie), ("Origin", "https://evil.example")];
+    let (code, _, body) = post_form(addr, path, &cross, form).await;
+    assert_eq!(code, 403, "{path}: {body}");
+    assert!(body.contains("cross-site"), "{path}: {body}");
+    let no_csrf = form.replace(&format!("csrf={csrf}"), "csrf=");
+    let (code, _, body) = post_form(addr, path, &[("Cookie", cookie)], &no_csrf).await;
+    assert_eq!(code, 403, "{path}: {body}");
+    assert!(body.contains("CSRF"), "{path}: {body}");
 }
 
 /// The value of the first `name="csrf"` hidden input of a page.
@@ -157,19 +184,7 @@ async fn the_page_logs_in_reads_and_acts_under_the_api_rules() {
     let reader = format!("settle_ui={}", hex(READ_TOKEN));
     let (code, _, body) = post_form(addr, "/ui/actions", &[("Cookie", &reader)], &flush).await;
     assert_eq!(code, 403, "{body}");
-    let (code, _, body) = post_form(
-        addr,
-        "/ui/actions",
-        &[("Cookie", &cookie), ("Origin", "https://evil.example")],
-        &flush,
-    )
-    .await;
-    assert_eq!(code, 403, "{body}");
-    assert!(body.contains("cross-site"), "{body}");
-    let no_csrf = flush.replace(&format!("csrf={csrf}"), "csrf=");
-    let (code, _, body) = post_form(addr, "/ui/actions", &as_alice, &no_csrf).await;
-    assert_eq!(code, 403, "{body}");
-    assert!(body.contains("CSRF"), "{body}");
+    refused_cross_site_and_without_csrf(addr, "/ui/actions", &cookie, &flush, &csrf).await;
     let refused: Vec<(String, String)> = broker
         .audit()
         .iter()
@@ -241,8 +256,195 @@ async fn the_page_logs_in_reads_and_acts_under_the_api_rules() {
     assert!(code == 200 && page.contains("late results"), "{page}");
     let (code, _) = get_page(addr, "/ui/tenants/bad%20name", &[]).await;
     assert_eq!(code, 400);
+    // No sweep runner given: the What-if view says how to run the sweep beside settle.
+    let (code, page) = get_page(addr, "/ui/whatif", &[]).await;
+    assert_eq!(code, 200);
+    assert!(
+        page.contains("No sweep runner") && page.contains("settle tune --config"),
+        "{page}"
+    );
+    assert!(!page.contains("sweep-form"), "{page}");
 
     shutdown.cancel();
     let _ = run.await;
+    server.stop().await;
+}
+
+/// A sweep runner that answers a fixed result, each sweep waiting for the test's go.
+struct FakeSweeps {
+    /// Every request, in order (pushed when the sweep starts).
+    asked: Mutex<Vec<WhatIfRequest>>,
+    /// Says a sweep started.
+    started: Mutex<Sender<()>>,
+    /// One message lets one sweep finish.
+    go: Mutex<Receiver<()>>,
+}
+
+fn row(setting: &str, emissions: u64, p99_ms: u64, pareto: bool, recommended: bool) -> WhatIfRow {
+    WhatIfRow {
+        setting: setting.into(),
+        emissions,
+        uploads_per_emission: 1200.0 / emissions as f64,
+        time_to_ready_p50_ms: p99_ms / 2,
+        time_to_ready_p99_ms: p99_ms,
+        meets_goal: p99_ms <= 60_000,
+        pareto,
+        recommended,
+    }
+}
+
+impl WhatIf for FakeSweeps {
+    fn default_sweep(&self) -> &str {
+        "fixed:5s,1m;adaptive:5s/10m"
+    }
+
+    fn default_goal(&self) -> &str {
+        "p99<=60s"
+    }
+
+    fn sweep(&self, request: &WhatIfRequest) -> Result<WhatIfResult, WhatIfError> {
+        self.asked.lock().unwrap().push(request.clone());
+        let _ = self.started.lock().unwrap().send(());
+        self.go
+            .lock()
+            .unwrap()
+            .recv_timeout(PATIENCE)
+            .map_err(|_| WhatIfError::Failed("the test never said go".into()))?;
+        Ok(WhatIfResult {
+            source: "fake stream, last minutes".into(),
+            uploads: 1200,
+            rejected: 0,
+            goal: "p99 time-to-ready ≤ 1m".into(),
+            rows: vec![
+                row("fixed 5s", 400, 5_000, true, false),
+                row("fixed 1m", 100, 60_000, true, true),
+                row("adaptive 5s/10m", 150, 600_000, false, false),
+            ],
+            verdict: vec!["recommended for goal: fixed 1m".into()],
+            svg: Some(r#"<svg xmlns="http://www.w3.org/2000/svg" id="fake-chart"></svg>"#.into()),
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_whatif_form_runs_one_sweep_at_a_time_under_the_page_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = MemoryBroker::new(TOPIC, 1);
+    let runtime = Runtime::new(
+        engine(PolicySpec::fixed(HOUR)),
+        broker.sink(),
+        settle::runtime::TokioClock::starting_at(T0),
+        options(dir.path()),
+    )
+    .unwrap();
+    let (started_tx, started) = channel();
+    let (go, go_rx) = channel();
+    let fake = Arc::new(FakeSweeps {
+        asked: Mutex::new(Vec::new()),
+        started: Mutex::new(started_tx),
+        go: Mutex::new(go_rx),
+    });
+    let mut credentials = Credentials::default();
+    credentials
+        .add_list(
+            &format!("alice:{OPERATOR_TOKEN},prom:read:{READ_TOKEN}"),
+            "test",
+        )
+        .unwrap();
+    let state = AdminState::new(&runtime)
+        .with_auth(Auth::new(credentials, true, false))
+        .with_whatif(Arc::clone(&fake) as Arc<dyn WhatIf>);
+    let server = AdminServer::start("127.0.0.1:0".parse().unwrap(), state)
+        .await
+        .unwrap();
+    let addr = server.local_addr();
+    let reader = format!("settle_ui={}", hex(READ_TOKEN));
+    let as_prom = [("Cookie", reader.as_str())];
+
+    // The form: the runner's defaults, the page's CSRF token, the live point below.
+    let (code, page) = get_page(addr, "/ui/whatif", &as_prom).await;
+    assert_eq!(code, 200, "{page}");
+    assert!(page.contains(r#"id="sweep-form""#), "{page}");
+    assert!(page.contains("fixed:5s,1m;adaptive:5s/10m"), "{page}");
+    assert!(page.contains("p99&lt;=60s"), "{page}");
+    assert!(page.contains(r#"id="live-point""#), "{page}");
+    assert!(!page.contains("No sweep runner"), "{page}");
+    let csrf = csrf_of(&page);
+    let form = format!("csrf={csrf}&minutes=5&sweep=fixed%3A5s%2C1m&goal=p99%3C%3D60s");
+
+    // Refused before any sweep: another site, no CSRF token, a bad look-back.
+    refused_cross_site_and_without_csrf(addr, "/ui/whatif", &reader, &form, &csrf).await;
+    for minutes in ["0", "61", "soon"] {
+        let bad = form.replace("minutes=5", &format!("minutes={minutes}"));
+        let (code, _, body) = post_form(addr, "/ui/whatif", &as_prom, &bad).await;
+        assert_eq!(code, 400, "{minutes}: {body}");
+        assert!(body.contains("from 1 to 60"), "{minutes}: {body}");
+    }
+    assert!(fake.asked.lock().unwrap().is_empty(), "no sweep ran yet");
+
+    // A read token runs a sweep; while it runs, a second one is refused with who and when.
+    let first = tokio::spawn({
+        let form = form.clone();
+        let reader = reader.clone();
+        async move { post_form(addr, "/ui/whatif", &[("Cookie", &reader)], &form).await }
+    });
+    tokio::task::spawn_blocking(move || started.recv_timeout(PATIENCE))
+        .await
+        .unwrap()
+        .expect("the first sweep starts");
+    let as_alice_cookie = format!("settle_ui={}", hex(OPERATOR_TOKEN));
+    let as_alice = [("Cookie", as_alice_cookie.as_str())];
+    let (_, alice_page) = get_page(addr, "/ui/whatif", &as_alice).await;
+    assert!(alice_page.contains("A sweep is running"), "{alice_page}");
+    let alice_form = format!("csrf={}&minutes=10&sweep=&goal=", csrf_of(&alice_page));
+    let (code, _, body) = post_form(addr, "/ui/whatif", &as_alice, &alice_form).await;
+    assert_eq!(code, 409, "{body}");
+    assert!(
+        body.contains("a sweep is running, started at") && body.contains("by prom"),
+        "{body}"
+    );
+    assert_eq!(fake.asked.lock().unwrap().len(), 1, "the second never ran");
+    go.send(()).unwrap();
+    let (code, _, body) = first.await.unwrap();
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(
+        fake.asked.lock().unwrap()[0],
+        WhatIfRequest {
+            minutes: 5,
+            sweep: Some("fixed:5s,1m".into()),
+            goal: Some("p99<=60s".into()),
+        }
+    );
+    // The chart inline, the table with its marks, the live point beside it.
+    assert!(body.contains(r#"id="fake-chart""#), "{body}");
+    assert!(body.contains(r#"id="sweep""#), "{body}");
+    let row_of = |setting: &str| {
+        let at = body.find(&format!("<td>{setting}</td>")).expect(setting);
+        let start = body[..at].rfind("<tr").unwrap();
+        body[start..at].to_owned()
+    };
+    assert!(
+        row_of("fixed 1m").contains(r#"class="recommended""#),
+        "{body}"
+    );
+    assert!(row_of("fixed 5s").contains(r#"class="pareto""#), "{body}");
+    assert!(!row_of("adaptive 5s/10m").contains("class="), "{body}");
+    assert!(body.contains("<td class=\"num\">400</td>"), "{body}");
+    assert!(body.contains("recommended for goal: fixed 1m"), "{body}");
+    assert!(body.contains(r#"id="live-point""#), "{body}");
+    assert!(!body.contains("A sweep is running"), "freed: {body}");
+
+    // The slot is free again: blank sweep and goal go to the runner as the defaults.
+    go.send(()).unwrap();
+    let (code, _, body) = post_form(addr, "/ui/whatif", &as_alice, &alice_form).await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(
+        fake.asked.lock().unwrap()[1],
+        WhatIfRequest {
+            minutes: 10,
+            sweep: None,
+            goal: None,
+        }
+    );
     server.stop().await;
 }

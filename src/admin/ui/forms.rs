@@ -5,9 +5,17 @@
 //! here each form's CSRF token is checked ([`super::csrf_ok`]), then the `/v1` handler runs
 //! with the caller's [`Operator`], so the checks, the audit records and the answers are the
 //! API's. A refused form gets the API's status (400, 404, 409, 503) and message in the page.
+//!
+//! The What-if form only reads ([`super::is_read_form`]: any role) but is checked like the
+//! others (Origin, CSRF): it runs one sweep through the server's
+//! [`super::super::WhatIf`] on a blocking thread, one at a time per process
+//! ([`super::super::whatif`]), and answers the What-if page with the result: 200, 400 for a
+//! bad form or a refused sweep, 409 while another sweep runs, 502 when the read failed.
 
+use super::super::auth::ANONYMOUS;
+use super::super::whatif::{RunningSweep, WhatIfError, WhatIfRequest, MAX_MINUTES, MAX_SPEC_BYTES};
 use super::super::{actions, overrides, AdminState, Operator};
-use super::pages::{session_href, tenant_href};
+use super::pages::{session_href, tenant_href, whatif_page, SweepAsked, SweepOutcome};
 use super::{answer_json, csrf_ok, layout, page_error, Frame};
 use axum::extract::rejection::FormRejection;
 use axum::extract::{Path, Query, State};
@@ -46,6 +54,23 @@ fn csrf_refused() -> Response {
     )
 }
 
+/// The fields of a form that parsed and carries this request's CSRF token (`csrf` of the
+/// fields), or the page that refuses it (400, 403).
+fn checked<F>(
+    headers: &HeaderMap,
+    form: Result<Form<F>, FormRejection>,
+    csrf: impl FnOnce(&F) -> &str,
+) -> Result<F, Box<Response>> {
+    let f = match form {
+        Ok(Form(f)) => f,
+        Err(e) => return Err(Box::new(bad_form(e))),
+    };
+    if !csrf_ok(headers, csrf(&f)) {
+        return Err(Box::new(csrf_refused()));
+    }
+    Ok(f)
+}
+
 /// `POST /ui/actions`: confirm, then flush or cancel (module docs).
 pub(super) async fn action(
     State(s): State<AdminState>,
@@ -53,13 +78,10 @@ pub(super) async fn action(
     operator: Option<Extension<Operator>>,
     form: Result<Form<ActionForm>, FormRejection>,
 ) -> Response {
-    let f = match form {
-        Ok(Form(f)) => f,
-        Err(e) => return bad_form(e),
+    let f = match checked(&headers, form, |f| f.csrf.as_str()) {
+        Ok(f) => f,
+        Err(refused) => return *refused,
     };
-    if !csrf_ok(&headers, &f.csrf) {
-        return csrf_refused();
-    }
     let frame = Frame::of(&s, &headers);
     let (tenant, session) = f
         .session
@@ -211,13 +233,10 @@ pub(super) async fn set_override(
     Path(tenant): Path<String>,
     form: Result<Form<OverrideForm>, FormRejection>,
 ) -> Response {
-    let f = match form {
-        Ok(Form(f)) => f,
-        Err(e) => return bad_form(e),
+    let f = match checked(&headers, form, |f| f.csrf.as_str()) {
+        Ok(f) => f,
+        Err(refused) => return *refused,
     };
-    if !csrf_ok(&headers, &f.csrf) {
-        return csrf_refused();
-    }
     let version = match version_of(&f.version) {
         Ok(v) => v,
         Err(r) => return *r,
@@ -278,13 +297,10 @@ pub(super) async fn remove_override(
     Path(tenant): Path<String>,
     form: Result<Form<RemoveForm>, FormRejection>,
 ) -> Response {
-    let f = match form {
-        Ok(Form(f)) => f,
-        Err(e) => return bad_form(e),
+    let f = match checked(&headers, form, |f| f.csrf.as_str()) {
+        Ok(f) => f,
+        Err(refused) => return *refused,
     };
-    if !csrf_ok(&headers, &f.csrf) {
-        return csrf_refused();
-    }
     let version = match version_of(&f.version) {
         Ok(v) => v,
         Err(r) => return *r,
@@ -305,4 +321,161 @@ pub(super) async fn remove_override(
     )
     .await;
     written(&s, &headers, &tenant, "override removed", code, &v)
+}
+
+/// The What-if form.
+#[derive(Deserialize)]
+pub(super) struct WhatIfForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    minutes: String,
+    #[serde(default)]
+    sweep: String,
+    #[serde(default)]
+    goal: String,
+}
+
+/// The form's look-back (minutes), or what is wrong with it.
+fn minutes_of(text: &str) -> Result<u32, String> {
+    text.trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|m| (1..=MAX_MINUTES).contains(m))
+        .ok_or_else(|| {
+            format!("minutes {text:?}: a whole number of minutes from 1 to {MAX_MINUTES}")
+        })
+}
+
+/// A sweep or goal text: `None` when blank (the default), or why it is refused.
+fn spec_of(name: &str, text: &str) -> Result<Option<String>, String> {
+    let t = text.trim();
+    if t.len() > MAX_SPEC_BYTES {
+        return Err(format!(
+            "{name}: {} bytes, at most {MAX_SPEC_BYTES}",
+            t.len()
+        ));
+    }
+    Ok((!t.is_empty()).then(|| t.to_owned()))
+}
+
+/// The What-if page with the form as `asked` and `outcome`, status `code`.
+async fn sweep_page(
+    s: &AdminState,
+    headers: &HeaderMap,
+    asked: &SweepAsked,
+    code: StatusCode,
+    outcome: SweepOutcome,
+) -> Response {
+    (
+        code,
+        whatif_page(s, headers, Some(asked), Some(&outcome)).await,
+    )
+        .into_response()
+}
+
+/// `POST /ui/whatif`: one sweep, then the What-if page with its result (module docs).
+pub(super) async fn whatif(
+    State(s): State<AdminState>,
+    headers: HeaderMap,
+    operator: Option<Extension<Operator>>,
+    form: Result<Form<WhatIfForm>, FormRejection>,
+) -> Response {
+    let f = match checked(&headers, form, |f| f.csrf.as_str()) {
+        Ok(f) => f,
+        Err(refused) => return *refused,
+    };
+    let Some(runner) = s.whatif.clone() else {
+        return page_error(
+            StatusCode::NOT_FOUND,
+            "this admin server has no sweep runner: run `settle tune` beside it",
+        );
+    };
+    let asked = SweepAsked {
+        minutes: f.minutes.clone(),
+        sweep: f.sweep.clone(),
+        goal: f.goal.clone(),
+    };
+    let request = match (
+        minutes_of(&f.minutes),
+        spec_of("sweep", &f.sweep),
+        spec_of("goal", &f.goal),
+    ) {
+        (Ok(minutes), Ok(sweep), Ok(goal)) => WhatIfRequest {
+            minutes,
+            sweep,
+            goal,
+        },
+        (m, w, g) => {
+            let e = [m.err(), w.err(), g.err()]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>();
+            let outcome = SweepOutcome::Error(e.join("; "));
+            return sweep_page(&s, &headers, &asked, StatusCode::BAD_REQUEST, outcome).await;
+        }
+    };
+    let who = operator.map_or_else(|| ANONYMOUS.to_owned(), |Extension(o)| o.name);
+    let started_at = (s.wall)();
+    let guard = match s.sweeps.try_take(RunningSweep {
+        started_at,
+        who: who.clone(),
+        minutes: request.minutes,
+    }) {
+        Ok(g) => g,
+        Err(running) => {
+            let message = format!(
+                "a sweep is running, started at {} by {} (last {} min): one runs at a time; send the form again once it has ended",
+                crate::codec::format_rfc3339_ms(running.started_at),
+                running.who,
+                running.minutes
+            );
+            return sweep_page(
+                &s,
+                &headers,
+                &asked,
+                StatusCode::CONFLICT,
+                SweepOutcome::Error(message),
+            )
+            .await;
+        }
+    };
+    tracing::info!(%who, minutes = request.minutes, sweep = request.sweep.as_deref().unwrap_or("default"), goal = request.goal.as_deref().unwrap_or("default"), "operator page: what-if sweep started");
+    // The guard moves into the blocking task: the slot stays taken until the sweep ends,
+    // even when the browser goes away first.
+    let ran = tokio::task::spawn_blocking(move || {
+        let _running = guard;
+        runner.sweep(&request)
+    })
+    .await
+    .unwrap_or_else(|e| Err(WhatIfError::Failed(format!("the sweep stopped: {e}"))));
+    let took_ms = (s.wall)() - started_at;
+    match ran {
+        Ok(result) => {
+            tracing::info!(%who, took_ms, uploads = result.uploads, settings = result.rows.len(), "operator page: what-if sweep done");
+            sweep_page(
+                &s,
+                &headers,
+                &asked,
+                StatusCode::OK,
+                SweepOutcome::Done(result),
+            )
+            .await
+        }
+        Err(e) => {
+            tracing::info!(%who, took_ms, error = %e, "operator page: what-if sweep gave no result");
+            let code = match e {
+                WhatIfError::Refused(_) => StatusCode::BAD_REQUEST,
+                WhatIfError::Failed(_) => StatusCode::BAD_GATEWAY,
+            };
+            sweep_page(
+                &s,
+                &headers,
+                &asked,
+                code,
+                SweepOutcome::Error(e.to_string()),
+            )
+            .await
+        }
+    }
 }

@@ -18,7 +18,9 @@
 //! | `POST /ui/actions` | flush or cancel one session: a confirmation step, then `POST /v1/actions` |
 //! | `GET /ui/tenants`, `GET /ui/tenants/{tenant}` | tenants with pending work, demoted or with an override; one tenant with its tier changes and override form |
 //! | `POST /ui/tenants/{tenant}/override`, `POST /ui/tenants/{tenant}/override/remove` | `PUT` / `DELETE /v1/tenants/{tenant}/override` |
-//! | `GET /ui/partitions`, `GET /ui/whatif`, `GET /ui/audit` | partitions, the live policy's measured point, the latest audit records |
+//! | `GET /ui/partitions`, `GET /ui/audit` | partitions, the latest audit records |
+//! | `GET /ui/whatif` | the live policy's measured point and the shadow policies' figures; the sweep form when `settle run` gave the server a [`super::WhatIf`] (else how to run `settle tune`) |
+//! | `POST /ui/whatif` | runs one sweep over the input's last 1–60 minutes (`settle tune`'s replay, off the async workers, one at a time per process): its Pareto chart and table, Pareto and recommended rows marked, beside the live point ([`super::whatif`]) |
 //! | `GET /ui/login`, `POST /ui/login`, `POST /ui/logout` | the token form; sets or clears the cookie |
 //! | `GET /ui/assets/{file}` | htmx, uPlot, the page's CSS and JS, cached for a year ([`ASSETS`]) |
 //!
@@ -26,10 +28,12 @@
 //! (hex-encoded) in the cookie [`COOKIE`]: `HttpOnly; SameSite=Strict; Path=/ui`, `Secure`
 //! when the listener speaks TLS. The [`super::auth`] layer reads that cookie for `/ui`
 //! requests without an `Authorization` header, so the page follows the API's rules: reads
-//! open unless `admin.protect-reads`, and every `POST` under `/ui` but login and logout is an
-//! action (operator token, `admin.actions`; refusals answered 401/403, counted and audited).
-//! A `POST` must also come from this page: its `Origin` (or `Sec-Fetch-Site`) must be this
-//! host, and an action form must carry the token [`csrf_token`] derives from the cookie.
+//! open unless `admin.protect-reads`, and every `POST` under `/ui` but login, logout and the
+//! What-if form is an action (operator token, `admin.actions`; refusals answered 401/403,
+//! counted and audited). The What-if form only reads ([`is_read_form`]): a read token may
+//! run a sweep. A `POST` must also come from this page: its `Origin` (or `Sec-Fetch-Site`)
+//! must be this host, and every form but login and logout must carry the token
+//! [`csrf_token`] derives from the cookie.
 //! The token itself is never rendered.
 
 mod forms;
@@ -114,6 +118,13 @@ pub fn is_open(method: &Method, path: &str) -> bool {
     }
 }
 
+/// Whether `method path` is a form that only reads (the What-if sweep): the [`super::auth`]
+/// layer treats it as a read (open unless `admin.protect-reads`, a read token is enough),
+/// while it still passes the page's Origin and CSRF checks.
+pub fn is_read_form(method: &Method, path: &str) -> bool {
+    *method == Method::POST && path == "/ui/whatif"
+}
+
 /// The `/ui` routes (module docs), for [`super::router`].
 pub(super) fn routes() -> Router<AdminState> {
     Router::new()
@@ -132,7 +143,7 @@ pub(super) fn routes() -> Router<AdminState> {
             post(forms::remove_override),
         )
         .route("/ui/partitions", get(pages::partitions))
-        .route("/ui/whatif", get(pages::whatif))
+        .route("/ui/whatif", get(pages::whatif).post(forms::whatif))
         .route("/ui/audit", get(pages::audit))
         .route("/ui/login", get(login_page).post(login))
         .route("/ui/logout", post(logout))
@@ -522,5 +533,8 @@ mod tests {
         assert!(is_open(&Method::GET, "/ui/assets/htmx.min.js"));
         assert!(!is_open(&Method::GET, "/ui/pending"));
         assert!(!is_open(&Method::POST, "/ui/actions"));
+        assert!(is_read_form(&Method::POST, "/ui/whatif"));
+        assert!(!is_read_form(&Method::POST, "/ui/actions"));
+        assert!(!is_open(&Method::POST, "/ui/whatif"));
     }
 }

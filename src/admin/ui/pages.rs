@@ -2,7 +2,12 @@
 //! Session, Tenants (list and one tenant), Partitions, What-if, Audit. Each one asks the
 //! `/v1` handler of the same data in process ([`super::answer_json`]) and renders its
 //! answer, so a bad parameter gets the API's 400 message, in the page, with status 400.
+//! What-if also draws the sweep form and a sweep's result (run by [`super::forms::whatif`]
+//! through the server's [`WhatIf`]).
 
+use super::super::whatif::{
+    WhatIf, WhatIfResult, WhatIfRow, MAX_MINUTES, MAX_SPEC_BYTES, MAX_UPLOADS,
+};
 use super::super::{actions, pending, views, AdminState};
 use super::stats::{self, Stats};
 use super::{answer_json, layout, layout_with, page_error, script_json, time, Frame, POLL_MS};
@@ -12,7 +17,7 @@ use crate::tiers::TierChange;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use maud::{html, Markup};
+use maud::{html, Markup, PreEscaped};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 
@@ -659,10 +664,104 @@ pub(super) async fn partitions(State(s): State<AdminState>, headers: HeaderMap) 
     layout("Partitions", "Partitions", &frame, body).into_response()
 }
 
-/// `GET /ui/whatif`: the live policy's measured point; the sweep is `settle tune`'s.
+/// What the What-if form asks, as typed (the page draws the form again with it).
+pub(super) struct SweepAsked {
+    /// Look-back (minutes, text).
+    pub minutes: String,
+    /// Sweep text (`settle tune --sweep` grammar).
+    pub sweep: String,
+    /// Goal text (`settle tune --goal` grammar).
+    pub goal: String,
+}
+
+/// Look-back the What-if form starts with (minutes).
+pub const DEFAULT_SWEEP_MINUTES: u32 = 15;
+
+/// What the What-if page shows above the live point: a sweep's result, or why there is none.
+pub(super) enum SweepOutcome {
+    /// The sweep ran.
+    Done(WhatIfResult),
+    /// It did not (bad form, a sweep already running, a refused or failed sweep).
+    Error(String),
+}
+
+/// `GET /ui/whatif`: the sweep form, the live policy's measured point, the shadows.
 pub(super) async fn whatif(State(s): State<AdminState>, headers: HeaderMap) -> Response {
-    let st = stats::read(&s);
-    let frame = Frame::of(&s, &headers);
+    whatif_page(&s, &headers, None, None).await.into_response()
+}
+
+/// The sweep form: `asked` when given, else the defaults of `whatif`.
+fn sweep_form(whatif: &dyn WhatIf, asked: Option<&SweepAsked>, csrf: &str) -> Markup {
+    let minutes = asked.map_or_else(|| DEFAULT_SWEEP_MINUTES.to_string(), |a| a.minutes.clone());
+    let sweep = asked.map_or(whatif.default_sweep(), |a| a.sweep.as_str());
+    let goal = asked.map_or(whatif.default_goal(), |a| a.goal.as_str());
+    html! {
+        form.action #sweep-form method="post" action="/ui/whatif" {
+            input type="hidden" name="csrf" value=(csrf);
+            label for="minutes" { "Last minutes of the input (1 to " (MAX_MINUTES) ")" }
+            input #minutes type="number" name="minutes" min="1" max=(MAX_MINUTES) value=(minutes) required;
+            label for="sweep" { "Settings to replay (" code { "settle tune --sweep" } ")" }
+            textarea #sweep name="sweep" rows="4" maxlength=(MAX_SPEC_BYTES) { (sweep) }
+            label for="goal" { "Goal (" code { "pNN<=DURATION" } ")" }
+            input #goal type="text" name="goal" value=(goal) maxlength=(MAX_SPEC_BYTES);
+            button type="submit" { "Run the sweep" }
+            p.hint { "Reads the uploads of the last minutes from the input this instance consumes (at most " (MAX_UPLOADS) "), replays them under every setting as " code { "settle tune" } " does, one sweep at a time. Blank fields take the defaults." }
+        }
+    }
+}
+
+/// A sweep's chart, verdict and table.
+fn sweep_result(r: &WhatIfResult) -> Markup {
+    let fmt_ms = |ms: u64| seconds(Some(ms as f64 / 1000.0));
+    html! {
+        section #sweep-result {
+            h2 { "Sweep result" }
+            p.hint { (r.source) ": " (r.uploads) " uploads replayed (" (r.rejected) " unusable skipped), " (r.rows.len()) " settings. Goal: " (r.goal) " at least cost." }
+            @for line in &r.verdict { p { (line) } }
+            @if let Some(svg) = &r.svg { figure.sweep-chart { figcaption { "Cost (emissions) against p99 time-to-ready; Pareto-optimal settings joined" } (PreEscaped(svg.as_str())) } }
+            div.scroll { table #sweep {
+                thead { tr {
+                    th scope="col" { "mark" } th scope="col" { "setting" } th scope="col" { "emissions" } th scope="col" { "uploads / emission" }
+                    th scope="col" { "p50" } th scope="col" { "p99" } th scope="col" { "meets goal" }
+                } }
+                tbody { @for row in &r.rows {
+                    tr class=[row_class(row)] {
+                        td { @if row.recommended { strong { "recommended" } } @else if row.pareto { "Pareto" } }
+                        td { (row.setting) }
+                        td.num { (row.emissions) }
+                        td.num { (format!("{:.2}", row.uploads_per_emission)) }
+                        td.num { (fmt_ms(row.time_to_ready_p50_ms)) }
+                        td.num { (fmt_ms(row.time_to_ready_p99_ms)) }
+                        td { @if row.meets_goal { "yes" } @else { "no" } }
+                    }
+                } }
+            } }
+            p.hint { "Pareto: no other setting has both fewer-or-equal emissions and lower-or-equal p99, one strictly. Recommended: the cheapest setting that meets the goal. Every setting applies to every tenant; time-to-ready is last upload to ready record." }
+        }
+    }
+}
+
+fn row_class(row: &WhatIfRow) -> Option<&'static str> {
+    if row.recommended {
+        Some("recommended")
+    } else if row.pareto {
+        Some("pareto")
+    } else {
+        None
+    }
+}
+
+/// The What-if page: the sweep form (or how to run `settle tune` without a
+/// [`WhatIf`]), `outcome` when a sweep was asked, the live policy's measured point, the
+/// shadows.
+pub(super) async fn whatif_page(
+    s: &AdminState,
+    headers: &HeaderMap,
+    asked: Option<&SweepAsked>,
+    outcome: Option<&SweepOutcome>,
+) -> Markup {
+    let st = stats::read(s);
+    let frame = Frame::of(s, headers);
     let rule = s.overrides.rules_in_force().default.to_string();
     let nats_hint = "settle tune --config settle.toml --from-nats --since 30m --report tune.html";
     let (_, shadow) = answer_json(views::shadow(State(s.clone())).await).await;
@@ -671,9 +770,31 @@ pub(super) async fn whatif(State(s): State<AdminState>, headers: HeaderMap) -> R
         .as_array()
         .map(|t| t.iter().map(text).collect())
         .unwrap_or_default();
+    let running = s.sweeps.running();
     let body = html! {
-        p.hint { "The live policy's measured point, since this process started: what a " code { "settle tune" } " sweep would put beside its Pareto chart." }
-        dl.facts {
+        @match &s.whatif {
+            Some(w) => {
+                p.hint { "Replay the input's last minutes under many debounce settings, as " code { "settle tune" } " does, and compare cost (ready records) with time-to-ready; the live policy's measured point is below." }
+                @if let Some(r) = &running { p #sweep-running role="status" { "A sweep is running, started at " (time(Some(crate::codec::format_rfc3339_ms(r.started_at).as_str()))) " by " (r.who) " (last " (r.minutes) " min)." } }
+                (sweep_form(w.as_ref(), asked, &frame.csrf))
+            }
+            None => {
+                section.note {
+                    h2 { "No sweep runner here" }
+                    p { "This admin server was started without a sweep runner (" code { "settle run" } " gives it one). Run the replay beside settle on the same input:" }
+                    pre { code { (nats_hint) } }
+                    p { "(" code { "--from-kafka" } " for Kafka; " code { "settle tune --help" } " lists the sweep and goal options.)" }
+                }
+            }
+        }
+        @match outcome {
+            Some(SweepOutcome::Done(r)) => (sweep_result(r)),
+            Some(SweepOutcome::Error(e)) => p.error #sweep-error role="alert" { (e) },
+            None => {}
+        }
+        h2 { "The live policy, measured" }
+        p.hint { "The live policy's measured point since this process started (all its rules, every tenant): what to put beside a sweep's settings." }
+        dl.facts #live-point {
             dt { "Default rule in force" } dd { code { (rule) } }
             dt { "Ready records" } dd #measured-emissions { (st.emissions) }
             dt { "Uploads coalesced" } dd { (st.emission_uploads) }
@@ -726,14 +847,8 @@ pub(super) async fn whatif(State(s): State<AdminState>, headers: HeaderMap) -> R
                 } } } }
             } }
         }
-        section.note {
-            h2 { "The sweep is not run from this page yet" }
-            p { "The replay of " code { "settle tune" } " (the sweep, its Pareto chart and table) lives in the command-line tools, above the admin server in the crate's layers, and reads the broker's range itself. Until it moves below the admin server, run it beside settle on the same input:" }
-            pre { code { (nats_hint) } }
-            p { "(" code { "--from-kafka" } " for Kafka; " code { "settle tune --help" } " lists the sweep and goal options.)" }
-        }
     };
-    layout("What-if", "What-if", &frame, body).into_response()
+    layout("What-if", "What-if", &frame, body)
 }
 
 /// Audit records the Audit page lists.
