@@ -328,7 +328,7 @@ def defined_metrics(path):
     consts = dict(re.findall(r'pub const ([A-Z][A-Z0-9_]*): &str = "(settle_[a-z0-9_]+)";', text))
     kinds = {}
     for fn_name, const in re.findall(
-        r"\b(counter|gauge|histogram|Gauge::new|IntGauge::new|GaugeVec::new|Opts::new|HistogramOpts::new)\(\s*([A-Z][A-Z0-9_]*)\s*,",
+        r"\b(counter|gauge|float_gauge|histogram|Gauge::new|IntGauge::new|GaugeVec::new|Opts::new|HistogramOpts::new)\(\s*(?:&mut b,\s*)?([A-Z][A-Z0-9_]*)\s*,",
         text,
     ):
         if const in consts:
