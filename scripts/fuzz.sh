@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fuzzes settle's input side with cargo fuzz (libFuzzer): the fuzz crate in fuzz/ compiles
-# src/engine, src/codec.rs and src/config by path (no RocksDB, no librdkafka).
+# src/engine, src/codec/ and src/config by path (no RocksDB, no librdkafka).
 #
 #   scripts/fuzz.sh [--seconds N] [--jobs J] [TARGET...]
 #

@@ -26,7 +26,9 @@ Every minute it prints one row: uploads settle applied, emissions read, timer la
 p50/p99/max (`emitted_at - due_at` of `trailing` and `max_wait` emissions), their end-to-end p99
 (read time minus due_at), the p99 of the immediate triggers (`leading`, `complete`, `final`:
 their due_at is the upload's own timestamp, so theirs is the whole produce -> fetch -> apply
--> publish path), the bare consumer's delay p50/p99, settle's CPU
+-> publish path), the bare consumer's delay p50/p99 and its CPU µs per record read (`settle consume`: decode
+and print; a broker that hands out smaller fetches costs a consumer more per record), the p99 of changelog appends from append to the ack seen
+by the partition (`settle_changelog_append_seconds`: a bucket's upper bound), settle's CPU
 (% of one core, from /proc/<pid>/stat) and RSS, CPU µs per applied upload, the broker's CPU
 and RSS, the load generator's CPU, partitions caught up, records read again while rewinding
 (`settle_input_skipped_total`), the load average. `--json FILE` also writes the rows.
@@ -173,6 +175,31 @@ def metric_sum(text, name):
     return total if found else None
 
 
+def hist_buckets(text, name):
+    """Cumulative bucket counts of Prometheus histogram `name` in `text`, summed over its
+    series: {le (float, inf for +Inf): count}."""
+    out = {}
+    for m in re.finditer(rf'^{re.escape(name)}_bucket{{[^}}]*le="([^"]+)"[^}}]*}} ([0-9.e+-]+)$', text or "", re.M):
+        le = float("inf") if m.group(1) == "+Inf" else float(m.group(1))
+        out[le] = out.get(le, 0.0) + float(m.group(2))
+    return out
+
+
+def hist_quantile_ms(b0, b1, q):
+    """Upper bound (ms) of the bucket holding quantile `q` of what was observed between two
+    samples of `hist_buckets`; None when nothing was."""
+    if not b1:
+        return None
+    les = sorted(b1)
+    total = b1[les[-1]] - b0.get(les[-1], 0.0)
+    if total <= 0:
+        return None
+    for le in les:
+        if b1[le] - b0.get(le, 0.0) >= q * total:
+            return le * 1000
+    return None
+
+
 class Soak:
     def __init__(self, args):
         self.args = args
@@ -304,17 +331,19 @@ class Soak:
         loadgen = self.spawn("loadgen", gen)
         rows = []
         header = ("min", "uploads", "emitted", "timer late p50", "p99", "max", "e2e p99", "immediate p99", "bare p50",
-                  "bare p99", "settle CPU", "RSS MiB", "µs/upload", "broker CPU", "broker MiB",
+                  "bare p99", "bare µs/record", "changelog p99", "settle CPU", "RSS MiB", "µs/upload", "broker CPU", "broker MiB",
                   "loadgen CPU", "caught up", "reread", "load")
         print("| " + " | ".join(header) + " |")
         print("|" + "---|" * len(header), flush=True)
         metrics_url = f"http://127.0.0.1:{a.admin_port}/metrics"
         parts_url = f"http://127.0.0.1:{a.admin_port}/v1/partitions"
-        pids = {"settle": settle.pid, "broker": self.broker_pid, "loadgen": loadgen.pid}
+        pids = {"settle": settle.pid, "broker": self.broker_pid, "loadgen": loadgen.pid,
+                "bare": bare.pid if bare else None}
         cpu0 = {k: proc_cpu_s(p) if p else None for k, p in pids.items()}
         m0 = http_get(metrics_url)
         consumed0 = metric_sum(m0, "settle_uploads_consumed_total") or 0
         skipped0 = metric_sum(m0, "settle_input_skipped_total") or 0
+        cl0 = hist_buckets(m0, "settle_changelog_append_seconds")
         perf_rows = {int(x) for x in a.perf_at.split(",") if x.strip()}
         t0 = time.time()
         start = t0
@@ -334,6 +363,7 @@ class Soak:
                 m1 = http_get(metrics_url)
                 consumed1 = metric_sum(m1, "settle_uploads_consumed_total") or consumed0
                 skipped1 = metric_sum(m1, "settle_input_skipped_total") or skipped0
+                cl1 = hist_buckets(m1, "settle_changelog_append_seconds") or cl0
                 body = http_get(parts_url)
                 plist = json.loads(body).get("partitions", []) if body else []
                 caught = sum(1 for p in plist if p.get("caught_up"))
@@ -353,6 +383,9 @@ class Soak:
                     "e2e_p99_ms": pct(e2e, 0.99),
                     "immediate_p99_ms": pct(imm, 0.99),
                     "bare_p50_ms": pct(bare_s, 0.5), "bare_p99_ms": pct(bare_s, 0.99),
+                    "bare_cpu_us_per_record": (use["bare"] * dt / 100 * 1e6 / len(bare_s))
+                    if bare_s and use.get("bare") is not None else None,
+                    "changelog_p99_ms": hist_quantile_ms(cl0, cl1, 0.99),
                     "settle_cpu_pct": use["settle"], "settle_rss_mib": proc_rss_mib(settle.pid),
                     "cpu_us_per_upload": (settle_cpu_s * 1e6 / uploads) if uploads and settle_cpu_s else None,
                     "broker_cpu_pct": use["broker"],
@@ -364,7 +397,7 @@ class Soak:
                 }
                 rows.append(row)
                 print(self.format(row), flush=True)
-                t0, cpu0, consumed0, skipped0 = t1, cpu1, consumed1, skipped1
+                t0, cpu0, consumed0, skipped0, cl0 = t1, cpu1, consumed1, skipped1, cl1
                 if settle.poll() is not None:
                     self.log(f"settle exited ({settle.returncode}); see {self.work}/settle.log")
                     break
@@ -397,7 +430,8 @@ class Soak:
         cells = [f"{r['minute']:g}", str(r["uploads"]), str(r["emitted"]), ms(r["late_p50_ms"]),
                  ms(r["late_p99_ms"]), ms(r["late_max_ms"]), ms(r["e2e_p99_ms"]), ms(r["immediate_p99_ms"]),
                  ms(r["bare_p50_ms"]),
-                 ms(r["bare_p99_ms"]), f(r["settle_cpu_pct"], ".0f") + " %", f(r["settle_rss_mib"], ".0f"),
+                 ms(r["bare_p99_ms"]), f(r.get("bare_cpu_us_per_record"), ".0f"), ("≤ " + ms(r["changelog_p99_ms"])) if r.get("changelog_p99_ms") else "-",
+                 f(r["settle_cpu_pct"], ".0f") + " %", f(r["settle_rss_mib"], ".0f"),
                  f(r["cpu_us_per_upload"], ".0f"), f(r["broker_cpu_pct"], ".0f") + " %",
                  f(r["broker_rss_mib"], ".0f"), f(r["loadgen_cpu_pct"], ".0f") + " %", r["caught_up"],
                  str(r["reread"]), f"{r['load']:.1f}"]

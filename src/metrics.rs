@@ -73,6 +73,10 @@ pub const TIME_TO_READY: &str = "settle_time_to_ready_seconds";
 /// Histogram `{topic, partition}`, seconds: one store write batch (state, timers, outbox,
 /// offset) committed.
 pub const STORE_WRITE: &str = "settle_store_write_seconds";
+/// Histogram: seconds from a changelog append to its acknowledgement as the partition task
+/// saw it, per topic and partition (on NATS an emission is published only after the append
+/// that holds it is acknowledged: part of its lateness).
+pub const CHANGELOG_APPEND: &str = "settle_changelog_append_seconds";
 /// Gauge `{topic, partition}`: keys with an open round.
 pub const PENDING_ROUNDS: &str = "settle_pending_rounds";
 /// Gauge `{topic, partition}`: owed emissions not yet acknowledged by the broker.
@@ -239,6 +243,7 @@ struct Inner {
     lateness: HistogramVec,
     time_to_ready: HistogramVec,
     store_write: HistogramVec,
+    changelog_append: HistogramVec,
     pending_rounds: IntGaugeVec,
     outbox_size: IntGaugeVec,
     consumer_lag: IntGaugeVec,
@@ -369,6 +374,12 @@ impl Metrics {
         let store_write = b.histogram(
             STORE_WRITE,
             "Seconds to commit one partition store write batch (state, timers, outbox, offset).",
+            TOPIC_PARTITION,
+            STORE_WRITE_BUCKETS,
+        );
+        let changelog_append = b.histogram(
+            CHANGELOG_APPEND,
+            "Seconds from a changelog append to its acknowledgement as the partition task saw it.",
             TOPIC_PARTITION,
             STORE_WRITE_BUCKETS,
         );
@@ -540,6 +551,7 @@ impl Metrics {
                 lateness,
                 time_to_ready,
                 store_write,
+                changelog_append,
                 pending_rounds,
                 outbox_size,
                 consumer_lag,
@@ -600,6 +612,7 @@ impl Metrics {
             consumed: self.inner.uploads_consumed.with_label_values(&labels),
             skipped: self.inner.input_skipped.with_label_values(&labels),
             store_write: self.inner.store_write.with_label_values(&labels),
+            changelog_append: self.inner.changelog_append.with_label_values(&labels),
             topic: topic.to_owned(),
             partition: p,
             metrics: self.clone(),
@@ -781,6 +794,7 @@ pub struct PartitionMetrics {
     consumed: IntCounter,
     skipped: IntCounter,
     store_write: Histogram,
+    changelog_append: Histogram,
     topic: String,
     partition: String,
     metrics: Metrics,
@@ -830,6 +844,11 @@ impl PartitionMetrics {
     /// One store write batch took `elapsed` to commit.
     pub fn store_write(&self, elapsed: Duration) {
         self.store_write.observe(elapsed.as_secs_f64());
+    }
+
+    /// One changelog append was acknowledged `elapsed` after it was made.
+    pub fn changelog_append(&self, elapsed: Duration) {
+        self.changelog_append.observe(elapsed.as_secs_f64());
     }
 }
 
@@ -951,7 +970,7 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), n);
-        assert_eq!(n, 34);
+        assert_eq!(n, 35);
     }
 
     #[test]

@@ -321,8 +321,11 @@ pub async fn run<I: PartitionInput, K: Sink, C: Clock>(
         held: VecDeque::new(),
         caught_up: false,
         paced: false,
-        publish_from: 0,
-        in_flight: 0,
+        feed: Feed {
+            publish_from: 0,
+            in_flight: 0,
+            progress_at: Instant::now(),
+        },
         entries: Some(entries_tx),
         acks: acks_rx,
         uncommitted: None,
@@ -332,7 +335,6 @@ pub async fn run<I: PartitionInput, K: Sink, C: Clock>(
         flush_took: Duration::ZERO,
         flush_drill: 0,
         flushed_offset: store.stored_offset(),
-        publisher_progress_at: Instant::now(),
         metrics: ctx.metrics.partition(input.topic(), partition),
         queries,
         listing: ListingShare::new(),
@@ -403,10 +405,8 @@ struct Task<I, K, C> {
     /// thread and its emissions go out at once (not after the writer thread's write is
     /// seen done a loop turn later).
     paced: bool,
-    /// Outbox sequence numbers below this were handed to the publisher.
-    publish_from: u64,
-    /// Handed to the publisher and not acknowledged yet.
-    in_flight: u64,
+    /// Handed to the publisher so far (`feed`).
+    feed: Feed,
     entries: Option<mpsc::Sender<store::OutboxEntry>>,
     acks: mpsc::UnboundedReceiver<Vec<u64>>,
     status: PartitionStatus,
@@ -425,8 +425,6 @@ struct Task<I, K, C> {
     flush_drill: u64,
     /// The store's durable offset as last seen after a flush.
     flushed_offset: Option<i64>,
-    /// When the publisher last took an entry or acknowledged one.
-    publisher_progress_at: Instant,
     metrics: PartitionMetrics,
     /// Session queries of the admin endpoint.
     queries: mpsc::Receiver<Query>,
@@ -470,6 +468,8 @@ struct Append {
     outbox_below: u64,
     /// The store's durable input offset when the append was made.
     offset: Option<i64>,
+    /// When the append was made (`settle_changelog_append_seconds`).
+    sent: Instant,
 }
 
 /// Where a partition task's loop spends its time, summed over [`TurnProfile::EVERY`] and
@@ -791,6 +791,15 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
                             () = tokio::time::sleep_until(Instant::from_std(self.listing.free_at())), if self.listing.waiting() => {
                                 answer_due_slice(&mut self.store, self.driver.engine(), &self.status, self.clock.now(), &mut self.listing);
                             }
+                            // Gated: the append that holds fired emissions is acknowledged
+                            // while the poll waits for input: hand them to the publisher now,
+                            // not when input comes or the poll's wait ends.
+                            r = changelog_ack(&mut self.changelog.acks), if self.changelog.gate && !self.changelog.acks.is_empty() => {
+                                let done = self.changelog.acks.pop_front().expect("not empty");
+                                let next = r.map_err(|e| changelog_failed(&self.metrics, self.status.partition, &e))?;
+                                appended(&mut self.changelog, &mut self.committable, &mut self.uncommitted, &self.metrics, next, &done);
+                                feed(self.entries.as_ref(), &mut self.store, &self.changelog, &mut self.feed).map_err(fatal)?;
+                            }
                         }
                     }
                 };
@@ -1072,7 +1081,7 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
         }
         // Owed emissions not handed over yet (the publisher's queue was full): come back as
         // soon as it has room, while it keeps acknowledging (not while the sink is down).
-        if self.store.outbox_len() > self.in_flight && self.publisher_progress_at.elapsed() < tick {
+        if self.store.outbox_len() > self.feed.in_flight && self.feed.progress_at.elapsed() < tick {
             return Ok(tick.min(FEED_WAIT));
         }
         if !self.caught_up {
@@ -1469,6 +1478,7 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
             ack,
             outbox_below: self.store.durable_outbox_seq(),
             offset: self.flushed_offset,
+            sent: Instant::now(),
         });
         Ok(())
     }
@@ -1477,29 +1487,20 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
     /// and counted (`settle_partitions_fenced_total`): the partition belongs to another
     /// process now.
     fn changelog_failed(&self, e: &transport::Error) -> String {
-        if matches!(e, transport::Error::Fenced { .. }) {
-            self.metrics.fenced();
-            tracing::error!(
-                partition = self.partition(),
-                error = %e,
-                "partition fenced by its changelog: this instance stops publishing, appending and acking input for it; the other owner continues it"
-            );
-        }
-        format!("changelog: {e}")
+        changelog_failed(&self.metrics, self.partition(), e)
     }
 
     /// An append was acknowledged: its offset is the changelog's, and (gated) the emissions
     /// and the input offset it holds may be published and committed now.
     fn appended(&mut self, next: i64, done: &Append) {
-        self.changelog.acked = Some(next);
-        if self.changelog.gate {
-            let cl = &mut self.changelog;
-            cl.publishable_below = cl.publishable_below.max(done.outbox_below);
-            if done.offset.is_some() && done.offset != self.committable {
-                self.committable = done.offset;
-                self.uncommitted = done.offset;
-            }
-        }
+        appended(
+            &mut self.changelog,
+            &mut self.committable,
+            &mut self.uncommitted,
+            &self.metrics,
+            next,
+            done,
+        );
     }
 
     /// Exactly-once: commits what the last store write did in one transaction: every owed
@@ -1603,41 +1604,20 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
             return Ok(());
         }
         self.store.outbox_ack(&seqs)?;
-        self.publisher_progress_at = Instant::now();
-        self.in_flight = self.in_flight.saturating_sub(seqs.len() as u64);
+        self.feed.progress_at = Instant::now();
+        self.feed.in_flight = self.feed.in_flight.saturating_sub(seqs.len() as u64);
         self.status.published += seqs.len() as u64;
         Ok(())
     }
 
     /// Hands owed emissions not yet handed over to the publisher, as far as its queue has room.
     fn feed_publisher(&mut self) -> Result<(), store::Error> {
-        let Some(tx) = &self.entries else {
-            return Ok(());
-        };
-        let room = tx.capacity();
-        if room == 0 || self.store.outbox_len() <= self.in_flight {
-            return Ok(());
-        }
-        let below = if self.changelog.gate {
-            self.changelog.publishable_below
-        } else {
-            u64::MAX
-        };
-        for entry in self.store.outbox_peek_from(self.publish_from, room)? {
-            if entry.seq >= below {
-                // Not in an acknowledged changelog append yet (`Changelog::gate`).
-                break;
-            }
-            self.publish_from = entry.seq + 1;
-            // Room was checked and only this task sends, so `try_send` fails only if the
-            // publisher is gone (aborted at stop); the entry stays in the outbox then.
-            if tx.try_send(entry).is_err() {
-                break;
-            }
-            self.in_flight += 1;
-            self.publisher_progress_at = Instant::now();
-        }
-        Ok(())
+        feed(
+            self.entries.as_ref(),
+            &mut self.store,
+            &self.changelog,
+            &mut self.feed,
+        )
     }
 
     fn refresh_status(&mut self) -> Result<(), store::Error> {
@@ -1738,7 +1718,7 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
                     if let Err(e) = self.store.outbox_ack(&seqs) {
                         return PartitionExit::Failed(fatal(e));
                     }
-                    self.in_flight = self.in_flight.saturating_sub(seqs.len() as u64);
+                    self.feed.in_flight = self.feed.in_flight.saturating_sub(seqs.len() as u64);
                     self.status.published += seqs.len() as u64;
                 }
                 Ok(None) | Err(_) => break,
@@ -1770,6 +1750,98 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
 }
 
 /// Sleeps `d` or until `cancel` fires.
+/// A failed changelog append as the partition's fatal error (a fence is counted and logged).
+fn changelog_failed(metrics: &PartitionMetrics, partition: i32, e: &transport::Error) -> String {
+    if matches!(e, transport::Error::Fenced { .. }) {
+        metrics.fenced();
+        tracing::error!(
+            partition,
+            error = %e,
+            "partition fenced by its changelog: this instance stops publishing, appending and acking input for it; the other owner continues it"
+        );
+    }
+    format!("changelog: {e}")
+}
+
+/// The oldest append's acknowledgement; pending while none is in flight. Cancel-safe: the
+/// append's future stays in `acks` until it is popped.
+async fn changelog_ack(acks: &mut VecDeque<Append>) -> Result<i64, transport::Error> {
+    match acks.front_mut() {
+        Some(a) => (&mut a.ack).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// What the partition task knows of the publisher's intake (`feed`).
+struct Feed {
+    /// Outbox sequence numbers below this were handed to the publisher.
+    publish_from: u64,
+    /// Handed to the publisher and not acknowledged yet.
+    in_flight: u64,
+    /// When the publisher last took an entry or acknowledged one.
+    progress_at: Instant,
+}
+
+/// Hands owed emissions not yet handed over to the publisher (`entries`), as far as its
+/// queue has room and (gated) the changelog has acknowledged them (`Task::feed_publisher`).
+/// Over the task's fields, so the poll's wait can feed without giving up the poll.
+fn feed(
+    entries: Option<&mpsc::Sender<store::OutboxEntry>>,
+    store: &mut PartitionStore,
+    changelog: &Changelog,
+    f: &mut Feed,
+) -> Result<(), store::Error> {
+    let Some(tx) = entries else {
+        return Ok(());
+    };
+    let room = tx.capacity();
+    if room == 0 || store.outbox_len() <= f.in_flight {
+        return Ok(());
+    }
+    let below = if changelog.gate {
+        changelog.publishable_below
+    } else {
+        u64::MAX
+    };
+    for entry in store.outbox_peek_from(f.publish_from, room)? {
+        if entry.seq >= below {
+            // Not in an acknowledged changelog append yet (`Changelog::gate`).
+            break;
+        }
+        f.publish_from = entry.seq + 1;
+        // Room was checked and only this task sends, so `try_send` fails only if the
+        // publisher is gone (aborted at stop); the entry stays in the outbox then.
+        if tx.try_send(entry).is_err() {
+            break;
+        }
+        f.in_flight += 1;
+        f.progress_at = Instant::now();
+    }
+    Ok(())
+}
+
+/// An append was acknowledged (`Task::appended`): the changelog's offset, and (gated) the
+/// emissions and input offset it makes publishable and committable. Over the task's fields,
+/// so the poll's wait can take an ack without giving up the poll.
+fn appended(
+    cl: &mut Changelog,
+    committable: &mut Option<i64>,
+    uncommitted: &mut Option<i64>,
+    metrics: &PartitionMetrics,
+    next: i64,
+    done: &Append,
+) {
+    metrics.changelog_append(done.sent.elapsed());
+    cl.acked = Some(next);
+    if cl.gate {
+        cl.publishable_below = cl.publishable_below.max(done.outbox_below);
+        if done.offset.is_some() && done.offset != *committable {
+            *committable = done.offset;
+            *uncommitted = done.offset;
+        }
+    }
+}
+
 async fn pause(cancel: &CancellationToken, d: Duration) {
     tokio::select! {
         () = cancel.cancelled() => {}

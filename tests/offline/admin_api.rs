@@ -557,6 +557,7 @@ fn the_dashboard_references_only_registered_metrics_and_shows_each() {
         metrics::EMISSION_LATENESS,
         metrics::TIME_TO_READY,
         metrics::STORE_WRITE,
+        metrics::CHANGELOG_APPEND,
     ];
     let used = dashboard_metrics(&dashboard, &histograms);
     for name in &used {

@@ -58,8 +58,11 @@
 //!
 //! The appends of one partition go through one task, in call order; the messages of one
 //! append are sent back to back (one round trip for all of them) and acknowledged in order.
-//! A failed append fails every later one of that partition: the stream then holds a prefix of
-//! the store's writes, as the Kafka changelog's idempotent producer guarantees.
+//! Appends queued while one is on the wire go out together as the next one (at most
+//! 8 192 changes): after a broker pause the queue drains in one round trip instead of one per
+//! flush. A failed append fails every later one of that partition (and every append it went
+//! out with): the stream then holds a prefix of the store's writes, as the Kafka changelog's
+//! idempotent producer guarantees.
 
 use super::{fatal, unavailable, NatsConfig, CALL_TIMEOUT, TRANSPORT};
 use crate::store::changelog::writer_of;
@@ -436,16 +439,67 @@ async fn append_task(
     state: Arc<Mutex<LogState>>,
     mut jobs: mpsc::UnboundedReceiver<Job>,
 ) {
-    while let Some(job) = jobs.recv().await {
+    while let Some(first) = jobs.recv().await {
+        // Every append queued meanwhile goes out with this one: one round trip for all of
+        // them (module docs: Order). Appended one job per round trip, a broker pause of
+        // S ms left S / flush-interval jobs queued, drained one round trip each.
+        let mut batch = vec![first];
+        let mut count = batch[0].changes.len();
+        while count < COALESCE_MAX_CHANGES {
+            match jobs.try_recv() {
+                Ok(job) => {
+                    count += job.changes.len();
+                    batch.push(job);
+                }
+                Err(_) => break,
+            }
+        }
         let failed = state.lock().expect("changelog state lock").failed.clone();
         let result = match failed {
             Some(e) => Err(e),
-            None => append_job(&inner, partition, &state, &job.changes).await,
+            None if batch.len() == 1 => {
+                append_job(&inner, partition, &state, &batch[0].changes).await
+            }
+            None => {
+                let mut changes = Vec::with_capacity(count);
+                for job in &batch {
+                    changes.extend_from_slice(&job.changes);
+                }
+                append_job(&inner, partition, &state, &changes).await
+            }
         };
         if let Err(e) = &result {
             state.lock().expect("changelog state lock").failed = Some(e.clone());
         }
-        let _ = job.done.send(result);
+        let results = job_results(&result, &batch);
+        for (job, r) in batch.into_iter().zip(results) {
+            let _ = job.done.send(r);
+        }
+    }
+}
+
+/// Most changes one coalesced append sends back to back (`append_task`).
+const COALESCE_MAX_CHANGES: usize = 8_192;
+
+/// The result of each job of a coalesced append: the changelog offset after that job's last
+/// message (`end` minus the changes of the jobs after it), or the append's error for all.
+fn job_results(result: &Result<i64, Error>, batch: &[Job]) -> Vec<Result<i64, Error>> {
+    match result {
+        Ok(end) => {
+            let mut after = *end;
+            let mut out: Vec<Result<i64, Error>> = batch
+                .iter()
+                .rev()
+                .map(|job| {
+                    let here = after;
+                    after -= job.changes.len() as i64;
+                    Ok(here)
+                })
+                .collect();
+            out.reverse();
+            out
+        }
+        Err(e) => batch.iter().map(|_| Err(e.clone())).collect(),
     }
 }
 
@@ -757,6 +811,35 @@ impl Drop for NatsChangelogReader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn job(n: usize) -> (Job, oneshot::Receiver<Result<i64, Error>>) {
+        let (done, rx) = oneshot::channel();
+        let changes = (0..n)
+            .map(|i| Change {
+                key: vec![i as u8],
+                value: None,
+            })
+            .collect();
+        (Job { changes, done }, rx)
+    }
+
+    #[test]
+    fn a_coalesced_append_gives_each_job_the_offset_after_its_own_last_change() {
+        // Stream last at 10 before: jobs of 3, 1 and 2 changes land at 11..=16, so their
+        // offsets (sequence after their last message) are 14, 15 and 17.
+        let batch: Vec<Job> = [3, 1, 2].into_iter().map(|n| job(n).0).collect();
+        let got: Vec<i64> = job_results(&Ok(17), &batch)
+            .into_iter()
+            .map(|r| r.expect("ok"))
+            .collect();
+        assert_eq!(got, vec![14, 15, 17]);
+        let e = fatal("boom".into());
+        let got = job_results(&Err(e), &batch);
+        assert_eq!(got.len(), 3);
+        assert!(got
+            .iter()
+            .all(|r| r.as_ref().is_err_and(|e| e.to_string().contains("boom"))));
+    }
 
     #[test]
     fn a_changelog_of_another_input_is_refused() {
