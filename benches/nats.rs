@@ -1,22 +1,47 @@
-//! settle's throughput on NATS JetStream, as real processes: `settle loadgen --nats` fills a
-//! fresh input stream with a backlog of the demo's mixed scenarios, then `settle run`
-//! (transport `nats`, RocksDB stores in a temporary directory) works it off.
+//! settle's throughput on NATS JetStream, as real processes, against a bare JetStream pull
+//! consumer reading the same stream in the same run: `settle loadgen --nats` fills a fresh
+//! input stream with a backlog of the demo's mixed scenarios, the bare reader reads it all,
+//! then `settle run` (transport `nats`, RocksDB stores in a temporary directory) works it off.
 //!
 //! Measured: the load generator's publish rate (its own report), the **drain** rate (uploads
 //! of the backlog / time from spawning `settle run` until every partition's durable consumer
 //! has nothing pending and nothing unacked, i.e. every upload is durable in a store and
-//! acked), and the emissions published by then and once every round is out.
+//! acked), and the emissions published by then and once every round is out. Then one line
+//! compares settle with the bare reader: the bare rate, settle's drain rate from its first
+//! record (the first poll of its consumers that finds messages delivered) to the drain,
+//! which leaves out startup (stores opened, changelog streams, consumers bound), the rate
+//! counting startup, and settle as % of bare (issue 37's goal: ≥ 90 %; never asserted).
+//!
+//! **The bare reader** is what settle's input does with nothing behind it, on the same
+//! terms: one connection (settle shares one among its partitions), a multi-threaded tokio
+//! runtime with the default worker count (as `settle run`), and per partition one
+//! **ephemeral pull consumer** filtered on that partition's subject, configured like
+//! settle's durable ones (**explicit acks**, `nats.ack-wait`, `nats.max-ack-pending`,
+//! deliver all, the stream's file storage), read by its own task with no-wait fetches of
+//! `runtime.batch-size` messages (settle's default, 1000). Each message's metadata is parsed
+//! (stream sequence, as settle does for its offsets), its payload and headers copied out
+//! (no decode), and it is **acked** (an empty publish on its reply subject, as settle's ack
+//! task sends once a batch is durable). Its time runs from the first fetch to the last
+//! message, plus a flush of the connection so every ack has left. `NATS_BENCH_BARE_ACKS=none`
+//! reads with `AckPolicy::None` instead and sends no acks (a reader that cannot resume: an
+//! upper bound). The bare consumers are deleted before settle starts; both read a stream
+//! written just before, so the server's caches are alike for both.
 //!
 //! * `cargo bench --bench nats`: `NATS_BENCH_UPLOADS` uploads (default 200 000).
-//! * `cargo test --bench nats`: a smoke run of 5 000 uploads.
+//! * `cargo test --bench nats`: a smoke run of 5 000 uploads; it fails only if the bare
+//!   reader does not read every message once, in order per partition, or settle does not drain.
 //!
 //! Environment: `NATS_BENCH_SERVER` (host:port; default `SETTLE_TEST_NATS`, else
 //! 127.0.0.1:4222), `NATS_BENCH_UPLOADS`, `NATS_BENCH_PARTITIONS` (default 4),
-//! `NATS_BENCH_RATE` (loadgen `--rate`, default 50 000 uploads/s). Policy: `fixed` 2 s,
-//! `catch-up-rate` 1 000 000 (the replayed backlog's rounds are not paced), file storage.
-//! The streams are deleted at the end. Without a server it says so and exits 0.
+//! `NATS_BENCH_RATE` (loadgen `--rate`, default 50 000 uploads/s), `NATS_BENCH_BARE_ACKS`
+//! (`explicit`, default, or `none`). Policy: `fixed` 2 s, `catch-up-rate` 1 000 000 (the
+//! replayed backlog's rounds are not paced), file storage. The streams are deleted at the
+//! end. Without a server it says so and exits 0.
 
-use anyhow::{ensure, Context as _, Result};
+use anyhow::{anyhow, ensure, Context as _, Result};
+use async_nats::jetstream::consumer::{pull, AckPolicy, PullConsumer};
+use futures::StreamExt;
+use settle::config::RuntimeConfig;
 use settle::transport::nats::{self, NatsConfig};
 use std::net::ToSocketAddrs;
 use std::process::{Command, Stdio};
@@ -29,18 +54,153 @@ fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
-/// Sum of `num_pending + num_ack_pending` over the partitions' consumers (0 when drained;
-/// a consumer not created yet counts as not drained).
-async fn undrained(js: &async_nats::jetstream::Context, n: &NatsConfig) -> Result<u64> {
+/// Over the partitions' durable consumers: how much is not yet durable and acked (the sum of
+/// `num_pending + num_ack_pending`, 0 when drained; a consumer not created yet counts 1),
+/// and how many messages they have delivered.
+async fn progress(js: &async_nats::jetstream::Context, n: &NatsConfig) -> Result<(u64, u64)> {
     let stream = js.get_stream(&n.input_stream).await?;
-    let mut left = 0;
+    let (mut left, mut delivered) = (0, 0);
     for p in 0..n.partitions as i32 {
         match stream.consumer_info(n.consumer_name(p)).await {
-            Ok(i) => left += i.num_pending + i.num_ack_pending as u64,
+            Ok(i) => {
+                left += i.num_pending + i.num_ack_pending as u64;
+                delivered += i.delivered.consumer_sequence;
+            }
             Err(_) => left += 1,
         }
     }
-    Ok(left)
+    Ok((left, delivered))
+}
+
+/// What the bare reader copies out of one message, as a consumer would (no decode).
+struct Copied {
+    sequence: u64,
+    headers: Vec<(String, Vec<u8>)>,
+    payload: Vec<u8>,
+}
+
+/// What the bare reader read: messages, bytes of payload and headers copied, and the time
+/// from its first fetch to its last message (acks flushed).
+struct BareRead {
+    messages: u64,
+    bytes: u64,
+    took: Duration,
+}
+
+/// Reads `expected` messages of one partition's bare consumer with no-wait fetches of
+/// `batch`, copying each out and acking it when `ack`. Fails unless the stream sequences
+/// rise (every message once, in order).
+async fn read_partition(
+    consumer: PullConsumer,
+    expected: u64,
+    batch: usize,
+    ack: bool,
+) -> Result<Vec<Copied>> {
+    let mut out: Vec<Copied> = Vec::with_capacity(expected as usize);
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while (out.len() as u64) < expected {
+        ensure!(
+            Instant::now() < deadline,
+            "bare reader: not done within 600 s"
+        );
+        let before = out.len();
+        let mut messages = consumer
+            .fetch()
+            .max_messages(batch)
+            .messages()
+            .await
+            .map_err(|e| anyhow!("bare fetch: {e}"))?;
+        while let Some(m) = messages.next().await {
+            let m = m.map_err(|e| anyhow!("bare fetch: {e}"))?;
+            let sequence = m.info().map_err(|e| anyhow!("{e}"))?.stream_sequence;
+            ensure!(
+                out.last().is_none_or(|l| l.sequence < sequence),
+                "bare reader: sequence {sequence} out of order"
+            );
+            let headers = m
+                .headers
+                .iter()
+                .flat_map(|h| h.iter())
+                .flat_map(|(k, vs)| {
+                    vs.iter()
+                        .map(move |v| (k.to_string(), v.as_str().as_bytes().to_vec()))
+                })
+                .collect();
+            out.push(Copied {
+                sequence,
+                headers,
+                payload: m.payload.to_vec(),
+            });
+            if ack {
+                m.ack().await.map_err(|e| anyhow!("bare ack: {e}"))?;
+            }
+        }
+        if out.len() == before {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    Ok(out)
+}
+
+/// The bare JetStream reader (module docs): one ephemeral pull consumer per partition, all
+/// read at once, on a runtime and connection of its own; the consumers are deleted after.
+fn bare_read(n: &NatsConfig, acks: AckPolicy) -> Result<BareRead> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let batch = RuntimeConfig::default().batch_size as usize;
+    rt.block_on(async {
+        let client = nats::connect(n).await?;
+        let js = nats::jetstream(client.clone(), 64);
+        let stream = js.get_stream(&n.input_stream).await?;
+        let mut consumers = Vec::new();
+        for p in 0..n.partitions as i32 {
+            let consumer: PullConsumer = stream
+                .create_consumer(pull::Config {
+                    filter_subject: n.input_subject(p),
+                    ack_policy: acks,
+                    ack_wait: n.ack_wait,
+                    max_ack_pending: i64::from(n.max_ack_pending),
+                    inactive_threshold: Duration::from_secs(60),
+                    ..pull::Config::default()
+                })
+                .await
+                .map_err(|e| anyhow!("bare consumer of partition {p}: {e}"))?;
+            consumers.push(consumer);
+        }
+        let t = Instant::now();
+        let tasks: Vec<_> = consumers
+            .iter()
+            .map(|c| {
+                let expected = c.cached_info().num_pending;
+                let ack = acks == AckPolicy::Explicit;
+                tokio::spawn(read_partition(c.clone(), expected, batch, ack))
+            })
+            .collect();
+        let mut read = Vec::new();
+        for task in tasks {
+            read.push(task.await??);
+        }
+        client.flush().await?;
+        let took = t.elapsed();
+        for c in &consumers {
+            let _ = stream.delete_consumer(&c.cached_info().name).await;
+        }
+        let copied = read.iter().flatten();
+        Ok(BareRead {
+            messages: read.iter().map(|r| r.len() as u64).sum(),
+            bytes: copied
+                .map(|c| {
+                    c.payload.len()
+                        + c.headers
+                            .iter()
+                            .map(|(k, v)| k.len() + v.len())
+                            .sum::<usize>()
+                })
+                .sum::<usize>() as u64,
+            took,
+        })
+    })
 }
 
 async fn messages(js: &async_nats::jetstream::Context, stream: &str) -> Result<u64> {
@@ -60,6 +220,11 @@ fn main() -> Result<()> {
     let partitions: u32 = env("NATS_BENCH_PARTITIONS", 4);
     // At least a 1 s window: the rate never exceeds the uploads asked for.
     let rate: f64 = env("NATS_BENCH_RATE", 50_000.0_f64).min(uploads as f64);
+    let bare_acks = match std::env::var("NATS_BENCH_BARE_ACKS").as_deref() {
+        Ok("none") => AckPolicy::None,
+        Ok("explicit") | Err(_) => AckPolicy::Explicit,
+        Ok(other) => anyhow::bail!("NATS_BENCH_BARE_ACKS={other}: expected explicit or none"),
+    };
     let answers = server.to_socket_addrs().ok().is_some_and(|mut a| {
         a.any(|a| std::net::TcpStream::connect_timeout(&a, Duration::from_secs(2)).is_ok())
     });
@@ -155,7 +320,28 @@ topic = "bench{id}.ready.limited"
         report.lines().next().unwrap_or_default()
     );
 
-    // 2. settle run works it off.
+    // 2. A bare JetStream pull consumer per partition reads it all.
+    let bare = bare_read(&n, bare_acks)?;
+    ensure!(
+        bare.messages == backlog,
+        "bare reader read {} of {backlog} messages",
+        bare.messages
+    );
+    let bare_rate = bare.messages as f64 / bare.took.as_secs_f64();
+    println!(
+        "bare JetStream pull consumers ({partitions}, acks {}): {} messages ({:.1} MB copied) \
+         in {:.2} s = {bare_rate:.0} uploads/s",
+        if bare_acks == AckPolicy::None {
+            "none"
+        } else {
+            "explicit"
+        },
+        bare.messages,
+        bare.bytes as f64 / 1e6,
+        bare.took.as_secs_f64()
+    );
+
+    // 3. settle run works it off.
     let t0 = Instant::now();
     let mut run = Command::new(bin)
         .args(["run", "--config"])
@@ -167,8 +353,15 @@ topic = "bench{id}.ready.limited"
         .spawn()
         .context("settle run")?;
     let limit = Duration::from_secs(600);
+    // Startup (stores opened, changelog streams, consumers bound) is timed apart: the
+    // first poll that finds messages delivered to settle's consumers starts the reading.
+    let mut first = None;
     let drained = loop {
-        if rt.block_on(undrained(&js, &n)).unwrap_or(1) == 0 {
+        let (left, delivered) = rt.block_on(progress(&js, &n)).unwrap_or((1, 0));
+        if delivered > 0 && first.is_none() {
+            first = Some((t0.elapsed(), delivered));
+        }
+        if left == 0 {
             break t0.elapsed();
         }
         ensure!(run.try_wait()?.is_none(), "settle run exited");
@@ -206,6 +399,23 @@ topic = "bench{id}.ready.limited"
         backlog as f64 / drained.as_secs_f64(),
         all_out.as_secs_f64(),
         backlog as f64 / last.max(1) as f64
+    );
+    let with_startup = backlog as f64 / drained.as_secs_f64();
+    let (startup, settle_rate) = match first {
+        Some((at, delivered)) if delivered < backlog && at < drained => (
+            at,
+            (backlog - delivered) as f64 / (drained - at).as_secs_f64(),
+        ),
+        // Seen only once drained (a tiny backlog): no reading time apart from startup.
+        _ => (Duration::ZERO, with_startup),
+    };
+    println!(
+        "NATS throughput on {backlog} uploads, {partitions} partitions: bare JetStream pull \
+         consumer {bare_rate:.0} uploads/s; settle {settle_rate:.0} uploads/s ({:.0} % of bare) \
+         from its first record to drained (durable + acked); {with_startup:.0} uploads/s \
+         counting its {:.2} s of startup",
+        100.0 * settle_rate / bare_rate,
+        startup.as_secs_f64()
     );
     Ok(())
 }
