@@ -266,6 +266,8 @@ dead-letter-subject = "{dlq}"
 output-stream = "{output}"
 changelog-stream = "BENCH_{id}_CL"
 changelog-subject-prefix = "bench{id}.changelog"
+[admin]
+listen = "127.0.0.1:{admin_port}"
 [tiers]
 events-topic = "bench{id}.tier-events"
 [[tiers.tier]]
@@ -276,6 +278,10 @@ name = "limited"
 topic = "bench{id}.ready.limited"
 "#,
             data = dir.path().join("data").display(),
+            // A port of its own: another settle on the machine holds the default 9464.
+            admin_port = std::net::TcpListener::bind("127.0.0.1:0")?
+                .local_addr()?
+                .port(),
             servers = n.servers,
             input = n.input_stream,
             prefix = n.input_subject_prefix,

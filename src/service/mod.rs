@@ -216,7 +216,11 @@ pub async fn run_until(
             // connection of their own, and the input's fetches and acks on another (below):
             // one NATS connection is one handler task and one socket, and on a shared one
             // each partition's fetch waited behind everyone's appends (issue 33's soak).
-            let changelog_js = nats::jetstream(nats::connect(n).await?, in_flight);
+            // At least `APPEND_WINDOW` acks in flight per partition (its docs).
+            let changelog_js = nats::jetstream(
+                nats::connect(n).await?,
+                in_flight.max(nats::changelog::APPEND_WINDOW * partitions),
+            );
             let sink = NatsSink::with_changelog_on(js.clone(), changelog_js, n);
             let counts = nats::TierCountsBucket::new(js.clone(), n)
                 .map(|c| (Arc::new(c) as Arc<dyn TierCounts>, n.instance_name()));

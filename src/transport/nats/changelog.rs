@@ -69,6 +69,7 @@ use crate::store::changelog::writer_of;
 use crate::store::Change;
 use crate::transport::{ChangelogReader, Error};
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy, PullConsumer};
+use async_nats::jetstream::context::PublishAckFuture;
 use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::{self, stream};
@@ -76,7 +77,7 @@ use async_nats::HeaderMap;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::StreamExt;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
@@ -478,7 +479,13 @@ async fn append_task(
     }
 }
 
-/// Most changes one coalesced append sends back to back (`append_task`).
+/// Most changelog messages of one partition sent and not yet acknowledged (`append_job`).
+/// The JetStream context the changelog publishes through must allow at least this many
+/// acks in flight per partition that appends through it (`max_ack_inflight`), or appends of
+/// several partitions could wait on each other's permits forever.
+pub const APPEND_WINDOW: usize = 256;
+
+/// Most changes one coalesced append takes (`append_task`).
 const COALESCE_MAX_CHANGES: usize = 8_192;
 
 /// The result of each job of a coalesced append: the changelog offset after that job's last
@@ -535,20 +542,24 @@ async fn append_job(
             )
         })
         .collect();
-    // Back to back, then the acks in order; the first failure is looked at alone.
-    let mut acks = Vec::with_capacity(messages.len());
-    for (subject, m) in messages.iter().cloned() {
-        match inner.js.send_publish(subject, m).await {
-            Ok(ack) => acks.push(Some(ack)),
-            Err(_) => {
-                acks.push(None);
-                break;
+    // Pipelined, at most APPEND_WINDOW unacknowledged (an unawaited ack future holds one of
+    // the context's `max_ack_inflight` permits: sending more than it allows before awaiting
+    // any would wait forever), the acks taken in order; the first failure is looked at alone.
+    let mut i = 0;
+    let mut window: VecDeque<PublishAckFuture> = VecDeque::with_capacity(APPEND_WINDOW);
+    let mut broken = false;
+    let mut next = messages.iter().cloned();
+    loop {
+        if !broken && window.len() < APPEND_WINDOW {
+            if let Some((subject, m)) = next.next() {
+                match inner.js.send_publish(subject, m).await {
+                    Ok(ack) => window.push_back(ack),
+                    Err(_) => broken = true,
+                }
+                continue;
             }
         }
-    }
-    let mut i = 0;
-    for ack in acks {
-        let Some(ack) = ack else { break };
+        let Some(ack) = window.pop_front() else { break };
         match ack.await {
             Ok(a) if a.sequence == last + 1 => {
                 last = a.sequence;
@@ -559,6 +570,8 @@ async fn append_job(
             Err(_) => break,
         }
     }
+    // Acks not awaited after a failure release their permits when dropped.
+    drop(window);
     // What is left (a publish or an ack failed): one at a time, retried while the server is
     // away, each checked against what the stream holds.
     let mut backoff = crate::transport::Backoff::new(Duration::from_secs(5));
