@@ -207,6 +207,61 @@ async fn messages(js: &async_nats::jetstream::Context, stream: &str) -> Result<u
     Ok(js.get_stream(stream).await?.info().await?.state.messages)
 }
 
+/// What `settle run` did with the backlog, timed from `t0` (its spawn).
+struct Drain {
+    /// When a poll first found messages delivered to settle's consumers, and how many.
+    first: Option<(Duration, u64)>,
+    /// When every partition's consumer had nothing pending and nothing unacked.
+    drained: Duration,
+    /// Emissions in the output stream at `drained`, and once every round was out.
+    at_drain: u64,
+    last: u64,
+    /// When every round was out: the output had not grown for 3 s (delay 2 s).
+    all_out: Duration,
+}
+
+/// Watches `settle run` (`run`, spawned at `t0`) work off the backlog. Startup (stores
+/// opened, changelog streams, consumers bound) is timed apart: the first poll that finds
+/// messages delivered to settle's consumers starts the reading.
+fn drain(
+    rt: &tokio::runtime::Runtime,
+    js: &async_nats::jetstream::Context,
+    n: &NatsConfig,
+    run: &mut std::process::Child,
+    t0: Instant,
+) -> Result<Drain> {
+    let limit = Duration::from_secs(600);
+    let mut first = None;
+    let drained = loop {
+        let (left, delivered) = rt.block_on(progress(js, n)).unwrap_or((1, 0));
+        if delivered > 0 && first.is_none() {
+            first = Some((t0.elapsed(), delivered));
+        }
+        if left == 0 {
+            break t0.elapsed();
+        }
+        ensure!(run.try_wait()?.is_none(), "settle run exited");
+        ensure!(t0.elapsed() < limit, "not drained within {limit:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let at_drain = rt.block_on(messages(js, &n.output_stream))?;
+    let (mut last, mut since) = (at_drain, Instant::now());
+    while since.elapsed() < Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = rt.block_on(messages(js, &n.output_stream))?;
+        if now != last {
+            (last, since) = (now, Instant::now());
+        }
+    }
+    Ok(Drain {
+        first,
+        drained,
+        at_drain,
+        last,
+        all_out: since.duration_since(t0),
+    })
+}
+
 fn main() -> Result<()> {
     let full = std::env::args().any(|a| a == "--bench");
     let default_server =
@@ -358,33 +413,8 @@ topic = "bench{id}.ready.limited"
         .stderr(Stdio::inherit())
         .spawn()
         .context("settle run")?;
-    let limit = Duration::from_secs(600);
-    // Startup (stores opened, changelog streams, consumers bound) is timed apart: the
-    // first poll that finds messages delivered to settle's consumers starts the reading.
-    let mut first = None;
-    let drained = loop {
-        let (left, delivered) = rt.block_on(progress(&js, &n)).unwrap_or((1, 0));
-        if delivered > 0 && first.is_none() {
-            first = Some((t0.elapsed(), delivered));
-        }
-        if left == 0 {
-            break t0.elapsed();
-        }
-        ensure!(run.try_wait()?.is_none(), "settle run exited");
-        ensure!(t0.elapsed() < limit, "not drained within {limit:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let at_drain = rt.block_on(messages(&js, &n.output_stream))?;
-    // Every round is out once the output has not grown for 3 s (delay 2 s).
-    let (mut last, mut since) = (at_drain, Instant::now());
-    while since.elapsed() < Duration::from_secs(3) {
-        std::thread::sleep(Duration::from_millis(100));
-        let now = rt.block_on(messages(&js, &n.output_stream))?;
-        if now != last {
-            (last, since) = (now, Instant::now());
-        }
-    }
-    let all_out = since.duration_since(t0);
+    let measured = drain(&rt, &js, &n, &mut run, t0);
+    // settle stopped and the streams deleted whether or not it drained.
     let _ = Command::new("kill")
         .args(["-TERM", &run.id().to_string()])
         .status();
@@ -397,6 +427,13 @@ topic = "bench{id}.ready.limited"
             let _ = js.delete_stream(format!("BENCH_{id}_CL-{p}")).await;
         }
     });
+    let Drain {
+        first,
+        drained,
+        at_drain,
+        last,
+        all_out,
+    } = measured?;
     println!(
         "settle run on NATS ({partitions} partitions, fixed 2 s): {backlog} uploads drained \
          (durable + acked) in {:.2} s = {:.0} uploads/s; {at_drain} emissions out by then, \
