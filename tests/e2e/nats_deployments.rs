@@ -303,8 +303,12 @@ fn nats_scale_down_leaves_partitions_unowned_and_says_so() -> Result<()> {
         .build()?;
     let setup = rt.block_on(Setup::new(&addr, "scale", Storage::Memory, 4))?;
     let dir = tempfile::tempdir()?;
+    // Instance 1 starts first and is ready (its heartbeats written) before instance 0
+    // starts: instance 0's first check (after 3 intervals) then sees a live instance 1 even
+    // when a loaded machine starts processes seconds apart (CI, 2026-12-06: the WARN
+    // asserted absent below was logged, rightly, while instance 1 was not yet there).
     let mut procs = Vec::new();
-    for index in 0..2u32 {
+    for index in [1u32, 0] {
         let text = format!(
             "transport = \"nats\"\n{}{}",
             process_support::debounce_store_runtime(
@@ -326,13 +330,34 @@ fn nats_scale_down_leaves_partitions_unowned_and_says_so() -> Result<()> {
             &log,
         )?;
         procs.push((child, admin, log));
+        {
+            let started = std::time::Instant::now();
+            let (child, admin, log) = procs.last_mut().context("an instance")?;
+            let addr: std::net::SocketAddr = admin.parse()?;
+            while rt.block_on(try_get(addr, "/readyz")).map(|r| r.0).ok() != Some(200) {
+                if let Some(status) = child.try_wait()? {
+                    anyhow::bail!(
+                        "settle run exited ({status}):\n{}",
+                        json_log(log)?.trouble(20)
+                    );
+                }
+                ensure!(
+                    started.elapsed() < STEP,
+                    "instance {index} not ready after {STEP:?}:\n{}",
+                    json_log(log)?.trouble(20)
+                );
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        }
     }
+    procs.reverse();
     let log0 = |procs: &[(std::process::Child, String, std::path::PathBuf)]| -> Result<JsonLog> {
         json_log(&procs[0].2)
     };
-    // Both running: after more than 3 heartbeats, nothing is unowned.
+    // Both running and ready: after more than 3 heartbeats of instance 0 (its first check),
+    // nothing is unowned.
     let t0 = std::time::Instant::now();
-    while t0.elapsed() < std::time::Duration::from_secs(6) {
+    while t0.elapsed() < std::time::Duration::from_secs(5) {
         for (child, _, log) in procs.iter_mut() {
             if let Some(status) = child.try_wait()? {
                 anyhow::bail!(
