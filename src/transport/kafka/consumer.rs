@@ -401,6 +401,15 @@ struct Cursor {
     eof: bool,
     /// High watermark from librdkafka's last fetch response for the partition.
     high: Option<i64>,
+    /// A fetch response for the fetcher's current position arrived (a record or partition
+    /// EOF came out of the queue since the last seek or the assignment). librdkafka keeps a
+    /// partition's cached high watermark across unassign, assign and seek, so before that
+    /// the cached one may come from an earlier ownership of the partition: a lower bound of
+    /// the log end that still proves records wait ([`Cursor::behind`]) but can never prove
+    /// the partition caught up (CI 2026-12-06: an instance given back a partition it had
+    /// owned 13 s earlier took its old watermark for the end, moved partition time to the
+    /// wall clock before reading the backlog and ended a round early).
+    high_fresh: bool,
     /// When the position last moved (record handed out, seek, rewind).
     progress_at: Option<Instant>,
     /// The fetcher must be sent back before the position (gap or stall seen).
@@ -470,6 +479,7 @@ impl Cursor {
     ) {
         match item {
             Ok(m) => {
+                self.high_fresh = true;
                 let offset = m.offset();
                 if !self.accept(m.partition(), offset) {
                     return;
@@ -483,7 +493,10 @@ impl Cursor {
                     timestamp_ms: m.timestamp().to_millis().unwrap_or_else(wall_ms),
                 });
             }
-            Err(KafkaError::PartitionEOF(_)) => self.eof = self.rewind.is_none(),
+            Err(KafkaError::PartitionEOF(_)) => {
+                self.high_fresh = true;
+                self.eof = self.rewind.is_none();
+            }
             Err(e @ KafkaError::MessageConsumptionFatal(_)) => self.failed = Some(classify(&e)),
             Err(e) => health.failed(&e, "partition fetch"),
         }
@@ -550,6 +563,30 @@ impl Cursor {
     /// The high watermark proves records wait after the position.
     fn behind(&self) -> bool {
         matches!((self.next, self.high), (Some(next), Some(high)) if next < high)
+    }
+
+    /// Whether nothing is left to read after the records handed out, given the high
+    /// watermark librdkafka has cached (`cached`, `None` before any fetch response): partition
+    /// EOF was reported after the last record, or a watermark from a fetch response of the
+    /// current position ([`Cursor::high_fresh`]) is at or below the next offset and no
+    /// rewind is under way. Remembers `cached` as [`Cursor::high`].
+    fn caught_up(&mut self, cached: Option<i64>) -> bool {
+        self.high = cached.or(self.high);
+        if self.eof {
+            return true;
+        }
+        match (self.next, self.high) {
+            (Some(next), Some(high)) => self.high_fresh && next >= high && self.rewind.is_none(),
+            _ => false,
+        }
+    }
+
+    /// Records between the position and the cached high watermark (`None` when unknown);
+    /// before a fetch response of the current position only a positive lower bound is known.
+    fn lag(&self, cached: Option<i64>) -> Option<u64> {
+        let high = cached.or(self.high)?;
+        let lag = high.saturating_sub(self.next?).max(0) as u64;
+        (self.high_fresh || lag > 0).then_some(lag)
     }
 
     /// Behind, not [`Cursor::aligned`], and nothing handed out for [`FETCH_STALL`].
@@ -722,14 +759,8 @@ impl KafkaInput {
     /// Whether the partition has nothing more to read after the records handed out
     /// (module docs: EOF, else the high watermark).
     fn caught_up(&mut self) -> bool {
-        self.cursor.high = self.cached_high_watermark().or(self.cursor.high);
-        if self.cursor.eof {
-            return true;
-        }
-        match (self.cursor.next, self.cursor.high) {
-            (Some(next), Some(high)) => next >= high && self.cursor.rewind.is_none(),
-            _ => false,
-        }
+        let cached = self.cached_high_watermark();
+        self.cursor.caught_up(cached)
     }
 }
 
@@ -887,8 +918,7 @@ impl PartitionInput for KafkaInput {
     }
 
     fn lag(&self) -> Option<u64> {
-        let high = self.cached_high_watermark().or(self.cursor.high)?;
-        Some(high.saturating_sub(self.cursor.next?).max(0) as u64)
+        self.cursor.lag(self.cached_high_watermark())
     }
 
     async fn commit(&mut self, next_offset: i64) -> Result<(), Error> {
@@ -911,6 +941,35 @@ mod tests {
         c.progress_at = Instant::now().checked_sub(ago);
         c.high = Some(high);
         c
+    }
+
+    #[test]
+    fn a_watermark_from_before_the_seek_never_proves_caught_up() {
+        // Given back a partition owned earlier: librdkafka still caches the watermark of
+        // that ownership (20), the store says the next offset is 300.
+        let mut c = Cursor::at(300);
+        assert!(!c.caught_up(Some(20)), "{c:?}");
+        assert_eq!(c.lag(Some(20)), None);
+        // A stale watermark above the position still proves records wait.
+        assert!(quiet_for(Cursor::at(10), FETCH_STALL * 2, 20).behind());
+        // The first record of the position comes with a fresh watermark: the backlog shows.
+        c.high_fresh = true;
+        assert!(c.accept(0, 300));
+        assert!(!c.caught_up(Some(900)));
+        assert_eq!(c.lag(Some(900)), Some(599));
+        // Read to the watermark of that response: caught up.
+        for offset in 301..900 {
+            assert!(c.accept(0, offset));
+        }
+        assert!(c.caught_up(Some(900)));
+        assert_eq!(c.lag(Some(900)), Some(0));
+        // A seek forgets that the watermark was fresh.
+        let mut c = Cursor::at(900);
+        assert!(!c.caught_up(Some(900)));
+        // Partition EOF after the position is an answer of its own.
+        c.eof = true;
+        c.high_fresh = true;
+        assert!(c.caught_up(Some(900)));
     }
 
     #[test]

@@ -40,8 +40,10 @@
 //! A partition is caught up when librdkafka reported partition EOF after the last record
 //! handed out, or when its high watermark is at or below the next offset to read. The high
 //! watermark is the one librdkafka caches from every fetch response (no request is sent per
-//! poll); fetch responses and EOF follow the last record by at most `fetch.wait.max.ms`
-//! (100 ms here). Records appended after the last fetch response are unknown until the next
+//! poll), and it counts only once a fetch response of the current position came in (a record
+//! or EOF since the assignment or the last seek): librdkafka keeps the cached watermark of an
+//! earlier ownership of the partition, too low to prove anything but a backlog. Fetch
+//! responses and EOF follow the last record by at most `fetch.wait.max.ms` (100 ms here). Records appended after the last fetch response are unknown until the next
 //! one: the inherent race of any consumer, bounded by that same 100 ms.
 //!
 //! # Errors
