@@ -43,8 +43,9 @@
 //! poll), and it counts only once a fetch response of the current position came in (a record
 //! or EOF since the assignment or the last seek): librdkafka keeps the cached watermark of an
 //! earlier ownership of the partition, too low to prove anything but a backlog. Fetch
-//! responses and EOF follow the last record by at most `fetch.wait.max.ms` (100 ms here). Records appended after the last fetch response are unknown until the next
-//! one: the inherent race of any consumer, bounded by that same 100 ms.
+//! responses and EOF follow the last record by at most `fetch.wait.max.ms` (100 ms here).
+//! Records appended after the last fetch response are unknown until the next one: the
+//! inherent race of any consumer, bounded by that same 100 ms.
 //!
 //! # Errors
 //!
