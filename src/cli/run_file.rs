@@ -26,6 +26,14 @@ use tokio_util::sync::CancellationToken;
 /// Input topic name of the file-fed broker (stores live under `<data-dir>/uploads/`).
 pub const RUN_FILE_TOPIC: &str = "uploads";
 
+/// Consumer group of the runtime on the file-fed broker.
+const RUN_FILE_GROUP: &str = "settle";
+
+/// Trace records the loader holds at most beyond each partition's reader (the trace is read
+/// as it is consumed, as a broker serves a log from disk; records the runtime has committed
+/// are dropped): about 10 MiB for the shared trace's lines, whatever the trace's length.
+pub const RUN_FILE_LOAD_WINDOW: usize = 64 * 1024;
+
 /// Arguments of `settle run-file`.
 #[derive(Clone, Debug)]
 pub struct RunFileArgs {
@@ -107,7 +115,9 @@ async fn run_async(args: RunFileArgs) -> anyhow::Result<RunFileReport> {
         .tee_output_only(&args.output)
         .with_context(|| format!("cannot open the output {}", args.output.display()))?;
     // The trace loads on a thread of its own while the partitions consume it (a backlog
-    // until it is all there: `MemoryBroker::load_trace_in_background`).
+    // until it is all there: `MemoryBroker::load_trace_in_background`), at most
+    // `RUN_FILE_LOAD_WINDOW` records ahead of them, and what they committed is dropped.
+    broker.bound_load(RUN_FILE_LOAD_WINDOW, RUN_FILE_GROUP);
     let loader = broker
         .load_trace_in_background(trace)
         .context("cannot start the trace loader thread")?;
@@ -149,9 +159,11 @@ async fn run_async(args: RunFileArgs) -> anyhow::Result<RunFileReport> {
             shutdown.cancel();
         })
     };
-    let summary = runtime.run(broker.source("settle"), shutdown).await;
+    let summary = runtime.run(broker.source(RUN_FILE_GROUP), shutdown).await;
     done.abort();
     signals.abort();
+    // Nothing reads any more: the loader must not wait for room.
+    broker.unbound_load();
     // A stop before the load ended waits for the rest of the file to be read (bounded by
     // its size); a load that failed is the error to report, whatever the runtime did.
     let load = tokio::task::spawn_blocking(move || loader.join())

@@ -16,6 +16,11 @@
 //!   the first to run again writes the buffer for all of them. Tier changes
 //!   (`Sink::publish_tier_change`) go to a log of their own ([`MemoryBroker::tier_events`]),
 //!   never to the output log or the file, so readers of the output see ready records only.
+//! * **Bounded load** ([`MemoryBroker::bound_load`], `settle run-file`): as a broker keeps
+//!   its log on disk rather than in memory, the trace loader then stays at most a window of
+//!   records ahead of each partition's furthest reader, and records below the retaining
+//!   group's committed offset are dropped as it commits, so the process holds a bounded
+//!   slice of the trace however long it is (the memory of a 1 M-upload run, issue 37).
 //! * **Injected failures**: the sink can be made unavailable (every publish fails with a
 //!   retryable error) for a while or until further notice, or made to lose acknowledgements
 //!   (the record is stored but the publish never resolves, as when a broker acks after the
@@ -35,8 +40,8 @@ use futures::future::BoxFuture;
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::Instant;
@@ -77,7 +82,19 @@ struct PartitionLog {
     records: Mutex<Log>,
     /// Woken on every append.
     appended: Notify,
+    /// The furthest offset any reader of this partition has taken records up to (the next
+    /// offset it will read); a bounded load ([`MemoryBroker::bound_load`]) stays within its
+    /// window of it.
+    read: AtomicI64,
+    /// Notified (with `records`) when a reader took records: a bounded load waiting for room
+    /// re-checks.
+    taken: Condvar,
 }
+
+/// Records below the retaining group's committed offset are dropped once they are at least
+/// this many, and at least as many as the records left (so the move of the rest is paid
+/// once per record at most).
+const RETAIN_DROP_MIN: usize = 16 * 1024;
 
 /// How the sink answers publishes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,6 +122,12 @@ struct Shared {
     /// A trace is being loaded ([`MemoryBroker::load_trace_in_background`]): a poll that
     /// reaches a log's end does not report it caught up (more records are coming).
     loading: AtomicBool,
+    /// The group whose commits drop the records below them, set by
+    /// [`MemoryBroker::bound_load`] and cleared by [`MemoryBroker::unbound_load`].
+    retaining: Mutex<Option<String>>,
+    /// Records a bounded load may hold beyond each partition's furthest reader (0:
+    /// unbounded).
+    bound_window: AtomicUsize,
     state: Mutex<State>,
     /// The tenant overrides ([`MemoryBroker::overrides`]).
     overrides: MemoryOverrides,
@@ -341,6 +364,8 @@ impl MemoryBroker {
                 topic: topic.to_owned(),
                 partitions: (0..n).map(|_| PartitionLog::default()).collect(),
                 loading: AtomicBool::new(false),
+                retaining: Mutex::new(None),
+                bound_window: AtomicUsize::new(0),
                 state: Mutex::new(State {
                     committed: HashMap::new(),
                     sources: HashMap::new(),
@@ -480,6 +505,7 @@ impl MemoryBroker {
                             timestamp_ms: ts,
                         });
                         if chunk.len() >= LOAD_CHUNK {
+                            self.wait_for_room(p);
                             self.append(p, chunk);
                         }
                         load.records += 1;
@@ -493,10 +519,90 @@ impl MemoryBroker {
         };
         for (p, chunk) in pending.iter_mut().enumerate() {
             if !chunk.is_empty() {
+                self.wait_for_room(p as i32);
                 self.append(p as i32, chunk);
             }
         }
         result
+    }
+
+    /// Bounds what a trace load holds in memory, as a broker keeps its log on disk: from now
+    /// on [`MemoryBroker::load_trace`] appends to a partition only while its log holds at
+    /// most `window` records (≥ [`LOAD_CHUNK`]) beyond the furthest offset a reader of it
+    /// has taken, and records below `group`'s committed offset are dropped as that group
+    /// commits (as [`MemoryBroker::trim_committed`] does, in steps of at least
+    /// [`RETAIN_DROP_MIN`] records). A reader positioned below the kept records (another
+    /// group, or a seek back below the commit) reads on from the first kept one, with a
+    /// warning. Used by `settle run-file`, whose only group is its runtime's.
+    ///
+    /// A load waiting for room waits while no reader takes records: call
+    /// [`MemoryBroker::unbound_load`] when the readers stop (the rest of the file is then
+    /// loaded unbounded).
+    pub fn bound_load(&self, window: usize, group: &str) {
+        let window = window.max(LOAD_CHUNK);
+        *lock(&self.shared.retaining) = Some(group.to_owned());
+        self.shared.bound_window.store(window, Ordering::Release);
+    }
+
+    /// Ends [`MemoryBroker::bound_load`]: a load waiting for room goes on at once, and
+    /// commits drop no more records.
+    pub fn unbound_load(&self) {
+        *lock(&self.shared.retaining) = None;
+        self.shared.bound_window.store(0, Ordering::Release);
+        for log in &self.shared.partitions {
+            // Under the lock, so that a loader between its check and its wait is not missed.
+            let _held = lock(&log.records);
+            log.taken.notify_all();
+        }
+    }
+
+    /// Waits until partition `p`'s log has room for a chunk within the bound of
+    /// [`MemoryBroker::bound_load`] (returns at once without one).
+    fn wait_for_room(&self, p: i32) {
+        let log = &self.shared.partitions[p as usize];
+        let mut held = lock(&log.records);
+        loop {
+            let window = self.shared.bound_window.load(Ordering::Acquire);
+            if window == 0 {
+                return;
+            }
+            let read = log.read.load(Ordering::Acquire).max(held.start);
+            if held.end() - read < window as i64 {
+                return;
+            }
+            // A timeout as a backstop only: takes and `unbound_load` notify.
+            held = log
+                .taken
+                .wait_timeout(held, Duration::from_millis(100))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Drops partition `p`'s records below `below` when `group` is the retaining group of
+    /// [`MemoryBroker::bound_load`] and enough of them are held ([`RETAIN_DROP_MIN`]).
+    fn retain_after_commit(&self, group: &str, p: i32, below: i64) {
+        if self.shared.bound_window.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let retaining = lock(&self.shared.retaining).as_deref() == Some(group);
+        if !retaining {
+            return;
+        }
+        let Some(log) = self.shared.partitions.get(p as usize) else {
+            return;
+        };
+        let mut log = lock(&log.records);
+        let n = (below.min(log.end()) - log.start).max(0) as usize;
+        if n < RETAIN_DROP_MIN || n < log.records.len() - n {
+            return;
+        }
+        log.records.drain(..n);
+        log.start += n as i64;
+        let len = log.records.len();
+        if log.records.capacity() > 4 * len.max(LOAD_CHUNK) {
+            log.records.shrink_to(2 * len.max(LOAD_CHUNK));
+        }
     }
 
     /// [`MemoryBroker::load_trace`] from a file. Errors: the file cannot be opened or read.
@@ -835,9 +941,17 @@ impl MemoryInput {
             );
             self.position = log.start;
         }
+        let part = &shared.partitions[self.partition as usize];
+        // Where this reader is, before any record is there (a reader that sought past what
+        // a bounded load has appended makes room for it).
+        part.read.fetch_max(self.position, Ordering::AcqRel);
         let records = &log.records;
         let start = (self.position - log.start) as usize;
         if start >= records.len() {
+            drop(log);
+            if self.broker.shared.bound_window.load(Ordering::Acquire) != 0 {
+                part.taken.notify_one();
+            }
             return None;
         }
         let end = records.len().min(start + max.max(1));
@@ -857,7 +971,11 @@ impl MemoryInput {
             skipped: 0,
         };
         self.position = log.start + end as i64;
+        part.read.fetch_max(self.position, Ordering::AcqRel);
         drop(log);
+        if self.broker.shared.bound_window.load(Ordering::Acquire) != 0 {
+            part.taken.notify_one();
+        }
         Some(batch)
     }
 }
@@ -910,6 +1028,8 @@ impl PartitionInput for MemoryInput {
             .entry(self.group.clone())
             .or_default()
             .insert(self.partition, next_offset);
+        self.broker
+            .retain_after_commit(&self.group, self.partition, next_offset);
         Ok(())
     }
 }
@@ -1604,6 +1724,105 @@ mod tests {
         let keys: Vec<&[u8]> = seen.iter().filter_map(|r| r.key.as_deref()).collect();
         assert_eq!(keys, [&b"t/a"[..], b"t/b"]);
         assert_eq!(seen.iter().map(|r| r.offset).collect::<Vec<_>>(), [0, 1]);
+    }
+
+    fn held(broker: &MemoryBroker, p: i32) -> (i64, usize) {
+        let log = lock(&broker.shared.partitions[p as usize].records);
+        (log.start, log.records.len())
+    }
+
+    #[tokio::test]
+    async fn a_bounded_load_stays_within_its_window_and_commits_drop_what_they_cover() {
+        let n = 100_000i64;
+        let mut trace = Vec::new();
+        for i in 0..n {
+            let line = format!(r#"{{"tenant":"t","session":"s{}","ts":{i}}}"#, i % 13);
+            trace.extend_from_slice(line.as_bytes());
+            trace.push(b'\n');
+        }
+        let broker = MemoryBroker::new("uploads", 1);
+        let window = 2 * LOAD_CHUNK;
+        broker.bound_load(window, "g");
+        let loader = broker
+            .load_trace_in_background(std::io::Cursor::new(trace))
+            .unwrap();
+        let mut input = broker.inputs("g", &[0]).pop().unwrap();
+        // Nothing reads: the loader stops within its window (plus the chunk it appends).
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(broker.loading(), "the load waits for a reader");
+        assert_eq!(held(&broker, 0), (0, window), "one window, no more");
+        let (mut next, mut most_held, mut dropped_once) = (0i64, 0usize, false);
+        loop {
+            let batch = input.poll(700, Duration::from_millis(50)).await.unwrap();
+            for r in &batch.records {
+                assert_eq!(r.offset, next, "every record, in order, once");
+                next += 1;
+            }
+            input.commit(next).await.unwrap();
+            let (start, len) = held(&broker, 0);
+            dropped_once |= start > 0;
+            assert!(start <= next, "nothing above the commit is dropped");
+            most_held = most_held.max(len);
+            if batch.caught_up {
+                break;
+            }
+        }
+        assert_eq!(next, n);
+        assert_eq!(loader.join().unwrap().unwrap().records, n as u64);
+        assert!(dropped_once, "committed records were dropped");
+        // Held: the unread window, what was read since the last drop (below the drop step
+        // or below as many as are left), and a poll's worth.
+        let bound = window + LOAD_CHUNK + 2 * RETAIN_DROP_MIN + 2 * 700;
+        assert!(
+            most_held <= bound,
+            "held {most_held} records at most, bound {bound}"
+        );
+        // Another group's commits drop nothing.
+        let before = held(&broker, 0);
+        let mut other = broker.inputs("h", &[0]).pop().unwrap();
+        other.commit(n).await.unwrap();
+        assert_eq!(held(&broker, 0), before);
+    }
+
+    #[tokio::test]
+    async fn a_reader_past_the_loaded_records_and_unbounding_both_free_a_waiting_load() {
+        let mut trace = Vec::new();
+        for i in 0..20_000 {
+            trace.extend_from_slice(
+                format!("{{\"tenant\":\"t\",\"session\":\"s\",\"ts\":{i}}}\n").as_bytes(),
+            );
+        }
+        // A restarted reader seeks to its stored offset, beyond what a bounded load holds.
+        let broker = MemoryBroker::new("uploads", 1);
+        broker.bound_load(LOAD_CHUNK, "g");
+        let loader = broker
+            .load_trace_in_background(std::io::Cursor::new(trace.clone()))
+            .unwrap();
+        let mut input = broker.inputs("g", &[0]).pop().unwrap();
+        input.seek(15_000).await.unwrap();
+        let mut first = None;
+        while first.is_none() {
+            let batch = input.poll(100, Duration::from_millis(50)).await.unwrap();
+            first = batch.records.first().map(|r| r.offset);
+        }
+        assert_eq!(
+            first,
+            Some(15_000),
+            "the load went on to the reader's position"
+        );
+        broker.unbound_load();
+        assert_eq!(loader.join().unwrap().unwrap().records, 20_000);
+        // Nobody reads: unbounding lets the rest of the file load.
+        let broker = MemoryBroker::new("uploads", 1);
+        broker.bound_load(LOAD_CHUNK, "g");
+        let loader = broker
+            .load_trace_in_background(std::io::Cursor::new(trace))
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(broker.loading());
+        broker.unbound_load();
+        assert_eq!(loader.join().unwrap().unwrap().records, 20_000);
+        assert_eq!(held(&broker, 0), (0, 20_000));
     }
 
     #[tokio::test]
