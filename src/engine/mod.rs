@@ -40,7 +40,7 @@ pub use learn::{LearnSummary, TenantAges, TenantStats, MAX_LEARNED_TENANTS};
 pub use partition::{Driver, DriverStats, MemTable, SessionTable};
 pub use policy::{PolicySpec, PolicyTable, DEFAULT_STATE_TTL_MS, EVENT_IDS_MAX};
 pub use shadow::{Figures, ShadowSet, ShadowSpec, TenantClass, TierFigures, LIVE};
-pub use timers::TimerQueue;
+pub use timers::{Hint as TimerHint, TimerQueue};
 pub use types::{
     CallTrack, Emission, EventIds, Millis, Part, PolicyName, Round, SessionKey, SessionState,
     Trigger, Upload,

@@ -19,15 +19,55 @@
 //! and firing it a share of one sort, where an ordered tree paid a few cache-missing node
 //! visits for each insert and each remove (a third of `settle simulate`'s engine thread).
 //!
-//! Memory: 24 bytes per entry (live or stale) plus the buckets' spare capacity; with
+//! # Hints
+//!
+//! An owner that keeps keys in numbered slots pushes each entry with a [`Hint`]: the slot and
+//! the slot's *timer version*, which it bumps whenever the timer in that slot moves, is
+//! cancelled, or leaves the slot. [`TimerQueue::first_due_hinted`] hands the hint back, so
+//! the owner tells a stale entry (a hot key's timer moved by every upload leaves one each
+//! time) from one array read, without the key's hash lookup and the cache misses that come
+//! with it in a large index (`store::mem`; issue 37's profile had the stale entries' lookups
+//! at a tenth of the partition's thread). When a live timer's hint goes wrong (its key left
+//! the slot), the owner pushes it again without a hint.
+//!
+//! Memory: 32 bytes per entry (live or stale) plus the buckets' spare capacity; with
 //! compaction, stale entries stay below the live ones plus [`COMPACT_SLACK`].
 
 use super::types::{Millis, SessionKey};
 use std::collections::{btree_map, btree_set, BTreeMap, BTreeSet};
 use std::ops::Bound;
 
-/// One entry: a due time (ms) and its key.
+/// One timer: a due time (ms) and its key.
 pub type Timer = (Millis, SessionKey);
+
+/// Where the owner keeps a timer's key, for a liveness check without a key lookup: a slot
+/// number and the slot's timer version when the entry was pushed ([`TimerQueue::push_hinted`],
+/// `store::mem`), or [`Hint::NONE`]. The queue only stores it and hands it back; what it
+/// means is the owner's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Hint(u64);
+
+impl Hint {
+    /// No hint: the entry's liveness is asked by key.
+    pub const NONE: Hint = Hint(u64::MAX);
+
+    /// Slot `slot` at timer version `version`.
+    pub fn new(slot: u32, version: u32) -> Self {
+        Hint((u64::from(slot) << 32) | u64::from(version))
+    }
+
+    /// `(slot, version)`, or `None` for [`Hint::NONE`].
+    pub fn get(self) -> Option<(u32, u32)> {
+        (self != Hint::NONE).then_some(((self.0 >> 32) as u32, self.0 as u32))
+    }
+}
+
+/// What the queue stores: a timer and its hint, ordered by timer first.
+type Entry = (Timer, Hint);
+
+fn timer_of(e: &Entry) -> &Timer {
+    &e.0
+}
 
 /// Bucket width: `2^BUCKET_BITS` ms (1.024 s).
 const BUCKET_BITS: u32 = 10;
@@ -40,10 +80,11 @@ fn bucket_of(due: Millis) -> i64 {
     due >> BUCKET_BITS
 }
 
-/// The entries of one bucket; `sorted`: in `(due, key)` order (duplicates may sit side by side).
+/// The entries of one bucket; `sorted`: in `(due, key, hint)` order (duplicates may sit side
+/// by side).
 #[derive(Clone, Debug, Default)]
 struct Bucket {
-    timers: Vec<Timer>,
+    timers: Vec<Entry>,
     sorted: bool,
 }
 
@@ -61,10 +102,10 @@ impl Bucket {
 #[derive(Clone, Debug, Default)]
 pub struct TimerQueue {
     /// The front bucket, sorted; entries before `pos` are consumed.
-    front: Vec<Timer>,
+    front: Vec<Entry>,
     pos: usize,
     /// Entries pushed at or before the front bucket once it was loaded, in order.
-    extra: BTreeSet<Timer>,
+    extra: BTreeSet<Entry>,
     /// Bucket number of the front (`None`: none loaded yet). Every bucket of `later` has a
     /// greater number, every entry of `front` and `extra` a number not greater.
     front_id: Option<i64>,
@@ -97,10 +138,16 @@ impl TimerQueue {
     /// had another one before, also [`TimerQueue::note_cancel`]). Pushing a live timer again
     /// is harmless (it fires once).
     pub fn push(&mut self, due: Millis, key: SessionKey) {
+        self.push_hinted(due, key, Hint::NONE);
+    }
+
+    /// [`TimerQueue::push`] with the owner's `hint` for [`TimerQueue::first_due_hinted`].
+    pub fn push_hinted(&mut self, due: Millis, key: SessionKey, hint: Hint) {
         self.len += 1;
         let id = bucket_of(due);
+        let entry = ((due, key), hint);
         if self.front_id.is_some_and(|f| id <= f) {
-            self.extra.insert((due, key));
+            self.extra.insert(entry);
             return;
         }
         let bucket = self.later.entry(id).or_default();
@@ -108,9 +155,9 @@ impl TimerQueue {
             bucket.sorted = true;
         } else if bucket.sorted {
             let last = bucket.timers.last().expect("not empty");
-            bucket.sorted = (last.0, &last.1) <= (due, &key);
+            bucket.sorted = *last <= entry;
         }
-        bucket.timers.push((due, key));
+        bucket.timers.push(entry);
     }
 
     /// Notes that the owner cancelled or moved a timer: one entry went stale.
@@ -126,8 +173,8 @@ impl TimerQueue {
 
     /// Drops every stale entry (`due_of`: the owner's due of a key). O(entries).
     pub fn compact(&mut self, due_of: impl Fn(&SessionKey) -> Option<Millis>) {
-        let live = |t: &Timer| due_of(&t.1) == Some(t.0);
-        let front: Vec<Timer> = self.front.drain(self.pos..).filter(&live).collect();
+        let live = |e: &Entry| due_of(&e.0 .1) == Some(e.0 .0);
+        let front: Vec<Entry> = self.front.drain(self.pos..).filter(&live).collect();
         self.front = front;
         self.pos = 0;
         self.extra.retain(&live);
@@ -175,6 +222,19 @@ impl TimerQueue {
         now: Millis,
         due_of: impl Fn(&SessionKey) -> Option<Millis>,
     ) -> Option<Timer> {
+        self.first_due_hinted(now, |t, _| due_of(&t.1) == Some(t.0))
+    }
+
+    /// [`TimerQueue::first_due`] where the owner tells an entry's liveness from the timer
+    /// and the hint it was pushed with (`is_live`): an owner whose hints prove staleness
+    /// drops a moved timer's old entry without looking its key up. `is_live` must say true
+    /// of at least one entry of each live timer (the owner pushes an entry again when it
+    /// makes an earlier hint of a live timer wrong).
+    pub fn first_due_hinted(
+        &mut self,
+        now: Millis,
+        mut is_live: impl FnMut(&Timer, Hint) -> bool,
+    ) -> Option<Timer> {
         loop {
             let Some(in_front) = self.near_head() else {
                 if !self.load_next() {
@@ -182,16 +242,16 @@ impl TimerQueue {
                 }
                 continue;
             };
-            let t = if in_front {
+            let e = if in_front {
                 &self.front[self.pos]
             } else {
                 self.extra.first().expect("near_head saw it")
             };
-            if t.0 > now {
+            if e.0 .0 > now {
                 return None;
             }
-            if due_of(&t.1) == Some(t.0) {
-                return Some(t.clone());
+            if is_live(&e.0, e.1) {
+                return Some(e.0.clone());
             }
             if in_front {
                 self.pos += 1;
@@ -213,15 +273,19 @@ impl TimerQueue {
     /// bucket is scanned whole.
     pub fn peek(&self, due_of: impl Fn(&SessionKey) -> Option<Millis>) -> Option<Timer> {
         let live = |t: &&Timer| due_of(&t.1) == Some(t.0);
-        let mut near = Merged::new(self.front[self.pos..].iter(), self.extra.iter());
+        let mut near = Merged::new(
+            self.front[self.pos..].iter().map(timer_of as EntryTimer),
+            self.extra.iter().map(timer_of as EntryTimer),
+        );
         if let Some(t) = near.find(&live) {
             return Some(t.clone());
         }
         for b in self.later.values() {
+            let mut timers = b.timers.iter().map(timer_of);
             let found = if b.sorted {
-                b.timers.iter().find(&live)
+                timers.find(&live)
             } else {
-                b.timers.iter().filter(&live).min()
+                timers.filter(&live).min()
             };
             if let Some(t) = found {
                 return Some(t.clone());
@@ -235,12 +299,14 @@ impl TimerQueue {
     /// Callers that want timers filter with their due of each key.
     pub fn walk(&mut self, after: Option<&Timer>) -> Walk<'_> {
         let start = match after {
-            Some(a) => self.pos + self.front[self.pos..].partition_point(|t| t <= a),
+            Some(a) => self.pos + self.front[self.pos..].partition_point(|e| &e.0 <= a),
             None => self.pos,
         };
         let extra = match after {
-            Some(a) => self.extra.range((Bound::Excluded(a), Bound::Unbounded)),
-            None => self.extra.range::<Timer, _>(..),
+            Some(a) => self
+                .extra
+                .range((Bound::Excluded((a.clone(), Hint::NONE)), Bound::Unbounded)),
+            None => self.extra.range::<Entry, _>(..),
         };
         let from_bucket = after.map(|a| bucket_of(a.0));
         let later = match from_bucket {
@@ -248,7 +314,10 @@ impl TimerQueue {
             None => self.later.range_mut(..),
         };
         Walk {
-            near: Merged::new(self.front[start..].iter(), extra),
+            near: Merged::new(
+                self.front[start..].iter().map(timer_of as EntryTimer),
+                extra.map(timer_of as EntryTimer),
+            ),
             later,
             cur: [].iter(),
             after: after.cloned(),
@@ -260,14 +329,23 @@ impl TimerQueue {
     /// order, copied: for readers that hold the queue shared. O(entries before `before`,
     /// plus the sort of the unsorted buckets among them).
     pub fn below(&self, before: Millis) -> Vec<Timer> {
-        let mut out: Vec<Timer> = Merged::new(self.front[self.pos..].iter(), self.extra.iter())
-            .take_while(|t| t.0 < before)
-            .cloned()
-            .collect();
+        let mut out: Vec<Timer> = Merged::new(
+            self.front[self.pos..].iter().map(timer_of as EntryTimer),
+            self.extra.iter().map(timer_of as EntryTimer),
+        )
+        .take_while(|t| t.0 < before)
+        .cloned()
+        .collect();
         let last = bucket_of(before.saturating_sub(1));
         let near = out.len();
         for (_, b) in self.later.range(..=last) {
-            out.extend(b.timers.iter().filter(|t| t.0 < before).cloned());
+            out.extend(
+                b.timers
+                    .iter()
+                    .map(timer_of)
+                    .filter(|t| t.0 < before)
+                    .cloned(),
+            );
         }
         out[near..].sort_unstable();
         out.dedup();
@@ -280,6 +358,7 @@ impl TimerQueue {
             .iter()
             .chain(self.extra.iter())
             .chain(self.later.values().flat_map(|b| b.timers.iter()))
+            .map(timer_of)
     }
 
     /// Whether at least `n` live timers are due before `before` (ms). Walks at most the
@@ -294,12 +373,15 @@ impl TimerQueue {
         if n == 0 {
             return true;
         }
-        let live = |t: &&Timer| t.0 < before && due_of(&t.1) == Some(t.0);
+        let live = |t: &Timer| t.0 < before && due_of(&t.1) == Some(t.0);
         let mut seen = 0;
-        for t in Merged::new(self.front[self.pos..].iter(), self.extra.iter())
-            .take_while(|t| t.0 < before)
+        for t in Merged::new(
+            self.front[self.pos..].iter().map(timer_of as EntryTimer),
+            self.extra.iter().map(timer_of as EntryTimer),
+        )
+        .take_while(|t| t.0 < before)
         {
-            if live(&t) {
+            if live(t) {
                 seen += 1;
                 if seen >= n {
                     return true;
@@ -308,8 +390,8 @@ impl TimerQueue {
         }
         let last = bucket_of(before.saturating_sub(1));
         for (_, b) in self.later.range(..=last) {
-            for t in &b.timers {
-                if live(&t) {
+            for t in b.timers.iter().map(timer_of) {
+                if live(t) {
                     seen += 1;
                     if seen >= n {
                         return true;
@@ -320,6 +402,9 @@ impl TimerQueue {
         false
     }
 }
+
+/// [`timer_of`] as a function pointer (a nameable iterator type).
+type EntryTimer = for<'e> fn(&'e Entry) -> &'e Timer;
 
 /// Two iterators in `(due, key)` order merged into one.
 struct Merged<'a, A: Iterator<Item = &'a Timer>, B: Iterator<Item = &'a Timer>> {
@@ -350,11 +435,18 @@ impl<'a, A: Iterator<Item = &'a Timer>, B: Iterator<Item = &'a Timer>> Iterator
     }
 }
 
+/// The near entries of a [`Walk`]: the front's and `extra`'s, merged.
+type Near<'a> = Merged<
+    'a,
+    std::iter::Map<std::slice::Iter<'a, Entry>, EntryTimer>,
+    std::iter::Map<btree_set::Range<'a, Entry>, EntryTimer>,
+>;
+
 /// The iterator of [`TimerQueue::walk`].
 pub struct Walk<'a> {
-    near: Merged<'a, std::slice::Iter<'a, Timer>, btree_set::Range<'a, Timer>>,
+    near: Near<'a>,
     later: btree_map::RangeMut<'a, i64, Bucket>,
-    cur: std::slice::Iter<'a, Timer>,
+    cur: std::slice::Iter<'a, Entry>,
     /// Entries up to this one are skipped (the first bucket reached may hold some).
     after: Option<Timer>,
     /// The entry yielded last (duplicates are skipped).
@@ -369,7 +461,7 @@ impl<'a> Iterator for Walk<'a> {
             let t = match self.near.next() {
                 Some(t) => t,
                 None => match self.cur.next() {
-                    Some(t) => t,
+                    Some(e) => &e.0,
                     None => {
                         let (_, bucket) = self.later.next()?;
                         bucket.sort();
@@ -514,6 +606,125 @@ mod tests {
         assert_eq!(o.q.entries(), 3_000);
         assert!(!o.q.needs_compaction());
         assert_eq!(o.first_due(Millis::MAX), Some((200_000, key("k0"))));
+    }
+
+    /// An owner that hints its entries: key `k<i>` lives in slot `i` while `placed`, and
+    /// the slot's version moves whenever the timer does or the key leaves the slot.
+    #[derive(Default)]
+    struct SlotOwner {
+        due: FxHashMap<SessionKey, Millis>,
+        version: Vec<u32>,
+        placed: Vec<bool>,
+        q: TimerQueue,
+    }
+
+    impl SlotOwner {
+        fn new(keys: usize) -> Self {
+            SlotOwner {
+                version: vec![0; keys],
+                placed: vec![true; keys],
+                ..SlotOwner::default()
+            }
+        }
+        fn hint(&mut self, i: usize, moved: bool) -> Hint {
+            if moved {
+                self.version[i] += 1;
+            }
+            if self.placed[i] {
+                Hint::new(i as u32, self.version[i])
+            } else {
+                Hint::NONE
+            }
+        }
+        fn set(&mut self, i: usize, due: Millis) {
+            let k = key(&format!("k{i}"));
+            if let Some(old) = self.due.insert(k.clone(), due) {
+                if old == due {
+                    return;
+                }
+                self.q.note_cancel();
+            }
+            let hint = self.hint(i, true);
+            self.q.push_hinted(due, k, hint);
+        }
+        fn cancel(&mut self, i: usize) {
+            if self.due.remove(&key(&format!("k{i}"))).is_some() {
+                self.version[i] += 1;
+                self.q.note_cancel();
+            }
+        }
+        /// The key leaves its slot (or comes back): versions move, the timer stays, and a
+        /// live timer is pushed again with its new hint.
+        fn flip(&mut self, i: usize) {
+            self.placed[i] = !self.placed[i];
+            let hint = self.hint(i, true);
+            let k = key(&format!("k{i}"));
+            if let Some(&d) = self.due.get(&k) {
+                self.q.note_cancel();
+                self.q.push_hinted(d, k, hint);
+            }
+        }
+        fn first_due(&mut self, now: Millis) -> Option<Timer> {
+            let (due, version) = (&self.due, &self.version);
+            self.q.first_due_hinted(now, |t, hint| match hint.get() {
+                Some((slot, v)) => version[slot as usize] == v,
+                None => due.get(&t.1) == Some(&t.0),
+            })
+        }
+    }
+
+    proptest! {
+        /// With hints: the same timers fire in the same order as the model's, though stale
+        /// entries are told by their hint alone.
+        #[test]
+        fn hinted_entries_fire_like_an_ordered_set_with_one_timer_per_key(
+            ops in proptest::collection::vec((0u8..6, 0usize..10, -3_000i64..12_000), 1..300)
+        ) {
+            let mut o = SlotOwner::new(10);
+            let mut model: BTreeSet<Timer> = BTreeSet::new();
+            for (op, i, d) in ops {
+                let k = key(&format!("k{i}"));
+                match op {
+                    0 | 1 => {
+                        if let Some(&old) = o.due.get(&k) {
+                            model.remove(&(old, k.clone()));
+                        }
+                        model.insert((d, k.clone()));
+                        o.set(i, d);
+                    }
+                    2 => {
+                        if let Some(&old) = o.due.get(&k) {
+                            model.remove(&(old, k.clone()));
+                        }
+                        o.cancel(i);
+                    }
+                    3 => o.flip(i),
+                    _ => {
+                        while let Some(t) = model.first().filter(|t| t.0 <= d).cloned() {
+                            prop_assert_eq!(o.first_due(d), Some(t.clone()));
+                            model.remove(&t);
+                            let fired: usize = t.1.session()[1..].parse().unwrap();
+                            o.cancel(fired);
+                        }
+                        prop_assert_eq!(o.first_due(d), None);
+                    }
+                }
+                if o.q.needs_compaction() {
+                    let due = o.due.clone();
+                    o.q.compact(|k| due.get(k).copied());
+                }
+                let due = o.due.clone();
+                prop_assert_eq!(o.q.peek(|k| due.get(k).copied()), model.first().cloned());
+                let live: Vec<Timer> = o
+                    .q
+                    .walk(None)
+                    .filter(|t| due.get(&t.1) == Some(&t.0))
+                    .cloned()
+                    .collect();
+                let want: Vec<Timer> = model.iter().cloned().collect();
+                prop_assert_eq!(live, want);
+            }
+        }
     }
 
     proptest! {

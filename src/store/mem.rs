@@ -32,7 +32,7 @@
 
 use super::evicted::EvictedKeys;
 use crate::engine::{
-    Emission, Millis, SessionKey, SessionState, TenantAges, TenantStats, TimerQueue,
+    Emission, Millis, SessionKey, SessionState, TenantAges, TenantStats, TimerHint, TimerQueue,
 };
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::VecDeque;
@@ -208,6 +208,11 @@ pub(crate) struct Mem {
     pub(crate) evicted: EvictedKeys,
     /// Every key's timer, in firing order (module docs).
     timers: TimerQueue,
+    /// Each slot's timer version (by slot number): bumped whenever the timer of the slot's
+    /// entry moves or is cancelled, and when the slot is freed. A queue entry pushed with
+    /// its slot and version ([`TimerHint`]) is live while they still match, so a moved
+    /// timer's old entry is dropped without a lookup of its key ([`Mem::first_due`]).
+    timer_versions: Vec<u32>,
     /// Owed emissions by sequence number.
     pub(crate) outbox: Outbox,
     /// Outbox entries below this sequence number are in RocksDB.
@@ -269,6 +274,7 @@ impl Mem {
             dirty: Vec::new(),
             evicted: EvictedKeys::default(),
             timers: TimerQueue::new(),
+            timer_versions: Vec::new(),
             outbox: Outbox::default(),
             durable_seq: 0,
             written_seq: 0,
@@ -334,16 +340,20 @@ impl Mem {
         !self.evicted.is_empty() && self.evicted.contains_key(key)
     }
 
-    /// `key`'s timer went from `old` to `new`: the queue follows (module docs).
-    fn timer_moved(&mut self, key: &SessionKey, old: Option<Millis>, new: Option<Millis>) {
+    /// The timer of `key`, cached in slot `i`, went from `old` to `new`: the queue follows
+    /// (module docs), its new entry hinted with the slot's next timer version.
+    fn timer_moved(&mut self, i: u32, key: &SessionKey, old: Option<Millis>, new: Option<Millis>) {
         if old == new {
             return;
         }
+        let version = &mut self.timer_versions[i as usize];
+        *version = version.wrapping_add(1);
+        let hint = TimerHint::new(i, *version);
         if old.is_some() {
             self.timers.note_cancel();
         }
         if let Some(d) = new {
-            self.timers.push(d, key.clone());
+            self.timers.push_hinted(d, key.clone(), hint);
         }
         if self.timers.needs_compaction() {
             let (index, slots, evicted) = (&self.index, &self.slots, &self.evicted);
@@ -365,18 +375,30 @@ impl Mem {
     /// remembered, so the driver's firing of it looks the key up no more.
     pub(crate) fn first_due(&mut self, now: Millis) -> Option<(Millis, SessionKey)> {
         let (index, slots, evicted) = (&self.index, &self.slots, &self.evicted);
-        let slot = std::cell::Cell::new(None);
-        let first = self.timers.first_due(now, |k| match index.get(k) {
-            Some(&i) => {
-                slot.set(Some(i));
-                at(slots, i).entry.as_ref().and_then(|e| e.due)
+        let versions = &self.timer_versions;
+        let mut slot = None;
+        let first = self.timers.first_due_hinted(now, |(due, k), hint| {
+            if let Some((i, version)) = hint.get() {
+                // The slot's version moves with its timer and when the key leaves it (which
+                // pushes the timer again): a match is the live timer, a mismatch a stale
+                // entry.
+                let live = versions.get(i as usize) == Some(&version);
+                slot = live.then_some(i);
+                return live;
             }
-            None => {
-                slot.set(None);
-                evicted.get(k).and_then(Evicted::due)
-            }
+            let due_now = match index.get(k) {
+                Some(&i) => {
+                    slot = Some(i);
+                    at(slots, i).entry.as_ref().and_then(|e| e.due)
+                }
+                None => {
+                    slot = None;
+                    evicted.get(k).and_then(Evicted::due)
+                }
+            };
+            due_now == Some(*due)
         });
-        if let (Some((_, key)), Some(i)) = (&first, slot.get()) {
+        if let (Some((_, key)), Some(i)) = (&first, slot) {
             self.last = Some((key.clone(), i));
         }
         first
@@ -471,7 +493,10 @@ impl Mem {
                 let chunk = self.slots.last_mut().expect("a chunk with room");
                 chunk.push(slot);
                 // Fewer than 2^32 keys live in one partition's memory (each takes ~200 bytes).
-                u32::try_from(used + chunk.len() - 1).expect("fewer than 2^32 cached sessions")
+                let i =
+                    u32::try_from(used + chunk.len() - 1).expect("fewer than 2^32 cached sessions");
+                self.timer_versions.push(0);
+                i
             }
         };
         self.index.insert(key.clone(), i);
@@ -545,7 +570,7 @@ impl Mem {
         self.tick += 1;
         let bytes = entry_bytes(key, state.as_ref());
         let tick = self.tick;
-        let (old, old_due) = match self.find(key) {
+        let (old, old_due, i) = match self.find(key) {
             Some(i) => {
                 // Invariant: an indexed slot holds an entry.
                 let e = self.slot_at(i).entry.as_mut().expect("indexed slot");
@@ -558,7 +583,7 @@ impl Mem {
                 if !was_dirty {
                     self.dirty.push(i);
                 }
-                (old, old_due)
+                (old, old_due, i)
             }
             None => {
                 let old_due = self.evicted.get(key).and_then(Evicted::due);
@@ -571,11 +596,11 @@ impl Mem {
                 };
                 let i = self.add(key, entry);
                 self.dirty.push(i);
-                (0, old_due)
+                (0, old_due, i)
             }
         };
         self.charge(bytes, old);
-        self.timer_moved(key, old_due, due);
+        self.timer_moved(i, key, old_due, due);
     }
 
     /// Changes `key`'s cached entry in place (a write-behind batch, `store::batch`): `f` gets
@@ -618,7 +643,7 @@ impl Mem {
         c.sessions = (c.sessions + u64::from(after.0)).saturating_sub(u64::from(before.0));
         c.open_rounds = (c.open_rounds + u64::from(after.1)).saturating_sub(u64::from(before.1));
         self.charge(new, old);
-        self.timer_moved(key, due_before, due_after);
+        self.timer_moved(i, key, due_before, due_after);
         Ok(r)
     }
 
@@ -702,6 +727,14 @@ impl Mem {
             let key = std::mem::replace(&mut slot.key, SessionKey::placeholder());
             self.index.remove(&key);
             self.free.push(i as u32);
+            // The slot's hints are wrong from now on: a live timer is pushed again, to be
+            // asked by key.
+            let version = &mut self.timer_versions[i];
+            *version = version.wrapping_add(1);
+            if let Some(d) = e.due {
+                self.timers.note_cancel();
+                self.timers.push(d, key.clone());
+            }
             // The remembered slot may be this one.
             self.last = None;
             if e.state.is_some() || e.due.is_some() {
