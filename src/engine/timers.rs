@@ -370,32 +370,34 @@ impl TimerQueue {
         n: usize,
         due_of: impl Fn(&SessionKey) -> Option<Millis>,
     ) -> bool {
+        self.live_below_at_least_hinted(before, n, |t, _| due_of(&t.1) == Some(t.0))
+    }
+
+    /// [`TimerQueue::live_below_at_least`] with the owner's liveness check of an entry from
+    /// its timer and hint (as [`TimerQueue::first_due_hinted`]; an entry the hint proves
+    /// stale costs no key lookup).
+    pub fn live_below_at_least_hinted(
+        &self,
+        before: Millis,
+        n: usize,
+        mut is_live: impl FnMut(&Timer, Hint) -> bool,
+    ) -> bool {
         if n == 0 {
             return true;
         }
-        let live = |t: &Timer| t.0 < before && due_of(&t.1) == Some(t.0);
         let mut seen = 0;
-        for t in Merged::new(
-            self.front[self.pos..].iter().map(timer_of as EntryTimer),
-            self.extra.iter().map(timer_of as EntryTimer),
-        )
-        .take_while(|t| t.0 < before)
-        {
-            if live(t) {
+        let below = |e: &&Entry| e.0 .0 < before;
+        // The front's and `extra`'s entries are each in order (stop at the first not before
+        // `before`); a later bucket's may not be, so each is checked.
+        let near = (self.front[self.pos..].iter().take_while(below))
+            .chain(self.extra.iter().take_while(below));
+        let last = bucket_of(before.saturating_sub(1));
+        let later = self.later.range(..=last).flat_map(|(_, b)| b.timers.iter());
+        for e in near.chain(later) {
+            if e.0 .0 < before && is_live(&e.0, e.1) {
                 seen += 1;
                 if seen >= n {
                     return true;
-                }
-            }
-        }
-        let last = bucket_of(before.saturating_sub(1));
-        for (_, b) in self.later.range(..=last) {
-            for t in b.timers.iter().map(timer_of) {
-                if live(t) {
-                    seen += 1;
-                    if seen >= n {
-                        return true;
-                    }
                 }
             }
         }
@@ -723,6 +725,18 @@ mod tests {
                     .collect();
                 let want: Vec<Timer> = model.iter().cloned().collect();
                 prop_assert_eq!(live, want);
+                // Counting by hint finds at least the model's timers before `d` (a live
+                // timer pushed again may count twice), and none when there is none.
+                let below = model.iter().filter(|t| t.0 < d).count();
+                let version = &o.version;
+                let counted = |n: usize| {
+                    o.q.live_below_at_least_hinted(d, n, |t, hint| match hint.get() {
+                        Some((slot, v)) => version[slot as usize] == v,
+                        None => due.get(&t.1) == Some(&t.0),
+                    })
+                };
+                prop_assert!(counted(below));
+                prop_assert_eq!(counted(1), below > 0);
             }
         }
     }

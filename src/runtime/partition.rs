@@ -862,11 +862,13 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
             }
             self.ship_changes()?;
             paused = report.paused;
-            // Offsets go to the source at most every COMMIT_INTERVAL while records flow, and
-            // at once when the partition is caught up (and at stop, in `finish`).
+            // Offsets go to the source at most every COMMIT_INTERVAL (or the input's own
+            // interval) while records flow, and at once when the partition is caught up (and
+            // at stop, in `finish`).
             if self.uncommitted.is_some()
                 && ((self.caught_up && self.held.is_empty())
-                    || self.committed_at.elapsed() >= COMMIT_INTERVAL)
+                    || self.committed_at.elapsed()
+                        >= self.input.commit_interval().unwrap_or(COMMIT_INTERVAL))
             {
                 let t = Instant::now();
                 self.commit_offset().await;

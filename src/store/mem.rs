@@ -466,8 +466,13 @@ impl Mem {
 
     /// Whether at least `n` timers are due before `before` (ms).
     pub(crate) fn timers_due_before_at_least(&self, before: Millis, n: usize) -> bool {
+        let versions = &self.timer_versions;
         self.timers
-            .live_below_at_least(before, n, |k| self.due_of(k))
+            .live_below_at_least_hinted(before, n, |(due, k), hint| match hint.get() {
+                // As in `first_due`: a hint decides by itself.
+                Some((i, version)) => versions.get(i as usize) == Some(&version),
+                None => self.due_of(k) == Some(*due),
+            })
     }
 
     /// Caches `entry` for `key` (not cached): its slot number.

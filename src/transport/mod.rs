@@ -299,6 +299,15 @@ pub trait PartitionInput: Send + 'static {
     /// [`Error::Fatal`] (logged; the store stays the authority on what was applied).
     fn commit(&mut self, next_offset: i64) -> impl Future<Output = Result<(), Error>> + Send;
 
+    /// How often the partition task commits while records flow (it commits at once when
+    /// caught up, and at stop): `None` (the default) for the runtime's
+    /// `runtime::partition::COMMIT_INTERVAL` (500 ms: a commit is a broker round trip on
+    /// Kafka and NATS). The memory transport commits more often: its commit is a map insert,
+    /// and it drops what a commit covers from memory ([`memory::MemoryBroker::bound_load`]).
+    fn commit_interval(&self) -> Option<std::time::Duration> {
+        None
+    }
+
     /// Consumer lag as last learned, in records: how many records the broker holds after the
     /// last one `poll` handed out (Kafka: the high watermark librdkafka cached from its last
     /// fetch response minus the position; JetStream: the pending count of the last fetch;
