@@ -98,7 +98,7 @@ pub const MEMORY_COMMIT_INTERVAL: Duration = Duration::from_millis(50);
 /// Records below the retaining group's committed offset are dropped once they are at least
 /// this many, and at least as many as the records left (so the move of the rest is paid
 /// once per record at most).
-const RETAIN_DROP_MIN: usize = 16 * 1024;
+const RETAIN_DROP_MIN: usize = 8 * 1024;
 
 /// How the sink answers publishes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
