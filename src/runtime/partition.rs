@@ -1352,6 +1352,10 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
         // Shadow policies see the uploads applied here, at the same partition time.
         let mut shadows = self.shadow.as_ref().map(|h| h.lock());
         let mut batch = self.store.batch();
+        // The uploads this step may apply: their entries' lookups, overlapped up front.
+        batch.warm(
+            (self.held.iter().take(budget)).filter_map(|h| h.upload.as_ref().map(|u| &u.key)),
+        );
         let mut fire = FireCtx {
             driver: &mut self.driver,
             pacer: &mut self.pacer,
@@ -1805,6 +1809,7 @@ fn feed(
     } else {
         u64::MAX
     };
+    let in_flight = f.in_flight;
     for entry in store.outbox_peek_from(f.publish_from, room)? {
         if entry.seq >= below {
             // Not in an acknowledged changelog append yet (`Changelog::gate`).
@@ -1817,6 +1822,9 @@ fn feed(
             break;
         }
         f.in_flight += 1;
+    }
+    if f.in_flight > in_flight {
+        // One clock read for the entries handed over together.
         f.progress_at = Instant::now();
     }
     Ok(())
