@@ -610,6 +610,27 @@ mod tests {
         assert_eq!(o.first_due(Millis::MAX), Some((200_000, key("k0"))));
     }
 
+    /// Compacts `q` when it asks for it, then checks its first timer and all its live
+    /// timers in order (live by `due`, the owner's due of each key) against `model`.
+    fn agrees_with_the_model(
+        q: &mut TimerQueue,
+        due: &FxHashMap<SessionKey, Millis>,
+        model: &BTreeSet<Timer>,
+    ) -> Result<(), proptest::test_runner::TestCaseError> {
+        if q.needs_compaction() {
+            q.compact(|k| due.get(k).copied());
+        }
+        prop_assert_eq!(q.peek(|k| due.get(k).copied()), model.first().cloned());
+        let live: Vec<Timer> = q
+            .walk(None)
+            .filter(|t| due.get(&t.1) == Some(&t.0))
+            .cloned()
+            .collect();
+        let want: Vec<Timer> = model.iter().cloned().collect();
+        prop_assert_eq!(live, want);
+        Ok(())
+    }
+
     /// An owner that hints its entries: key `k<i>` lives in slot `i` while `placed`, and
     /// the slot's version moves whenever the timer does or the key leaves the slot.
     #[derive(Default)]
@@ -711,20 +732,8 @@ mod tests {
                         prop_assert_eq!(o.first_due(d), None);
                     }
                 }
-                if o.q.needs_compaction() {
-                    let due = o.due.clone();
-                    o.q.compact(|k| due.get(k).copied());
-                }
-                let due = o.due.clone();
-                prop_assert_eq!(o.q.peek(|k| due.get(k).copied()), model.first().cloned());
-                let live: Vec<Timer> = o
-                    .q
-                    .walk(None)
-                    .filter(|t| due.get(&t.1) == Some(&t.0))
-                    .cloned()
-                    .collect();
-                let want: Vec<Timer> = model.iter().cloned().collect();
-                prop_assert_eq!(live, want);
+                agrees_with_the_model(&mut o.q, &o.due, &model)?;
+                let due = &o.due;
                 // Counting by hint finds at least the model's timers before `d` (a live
                 // timer pushed again may count twice), and none when there is none.
                 let below = model.iter().filter(|t| t.0 < d).count();
@@ -778,14 +787,7 @@ mod tests {
                         prop_assert_eq!(o.first_due(d), None);
                     }
                 }
-                if o.q.needs_compaction() {
-                    let due = o.due.clone();
-                    o.q.compact(|k| due.get(k).copied());
-                }
-                let due = o.due.clone();
-                prop_assert_eq!(o.q.peek(|k| due.get(k).copied()), model.first().cloned());
-                let want: Vec<Timer> = model.iter().cloned().collect();
-                prop_assert_eq!(o.live(), want);
+                agrees_with_the_model(&mut o.q, &o.due, &model)?;
             }
         }
     }
