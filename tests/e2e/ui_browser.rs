@@ -132,13 +132,28 @@ impl Drop for Browser {
 
 /// Waits until the text of the first element `css` matches contains `needle`: that text.
 async fn wait_text(c: &Client, css: &str, needle: &str) -> Result<String> {
+    wait_text_where(c, css, &format!("contained {needle:?}"), |t| {
+        t.contains(needle)
+    })
+    .await
+}
+
+/// Waits until the text of the element `css` satisfies `ok` (`what` says what was awaited,
+/// for the error); returns the text. For a page that replaces one that already matched a
+/// plain needle (a filtered table: wait for what the old one had and the new one has not).
+async fn wait_text_where(
+    c: &Client,
+    css: &str,
+    what: &str,
+    ok: impl Fn(&str) -> bool,
+) -> Result<String> {
     let started = Instant::now();
     loop {
         let text = match c.find(Locator::Css(css)).await {
             Ok(e) => e.text().await.unwrap_or_default(),
             Err(_) => String::new(),
         };
-        if text.contains(needle) {
+        if ok(&text) {
             return Ok(text);
         }
         if started.elapsed() > PATIENCE {
@@ -147,7 +162,7 @@ async fn wait_text(c: &Client, css: &str, needle: &str) -> Result<String> {
                 .await
                 .map(|u| u.to_string())
                 .unwrap_or_default();
-            bail!("{css} of {url} never contained {needle:?}; it says: {text}");
+            bail!("{css} of {url} never {what}; it says: {text}");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -445,7 +460,11 @@ async fn ui_browser_login_find_flush_audit_override() -> Result<()> {
             .await?
             .click()
             .await?;
-        let table = wait_text(c, "#pending", "acme/build-4711").await?;
+        // The unfiltered table had acme's rounds too: wait for the filtered page.
+        let table = wait_text_where(c, "#pending", "showed acme alone", |t| {
+            t.contains("acme/build-4711") && !t.contains("tenant-001")
+        })
+        .await?;
         ensure!(
             !table.contains("tenant-001") && table.contains("acme/build-4712"),
             "filtered by tenant acme: {table}"
