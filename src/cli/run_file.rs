@@ -31,7 +31,7 @@ const RUN_FILE_GROUP: &str = "settle";
 
 /// Trace records the loader holds at most beyond each partition's reader (the trace is read
 /// as it is consumed, as a broker serves a log from disk; records the runtime has committed
-/// are dropped): about 10 MiB for the shared trace's lines, whatever the trace's length.
+/// are dropped): about 5 MiB of the shared trace's lines, whatever the trace's length.
 pub const RUN_FILE_LOAD_WINDOW: usize = 32 * 1024;
 
 /// Arguments of `settle run-file`.

@@ -69,6 +69,22 @@ impl Log {
     fn end(&self) -> i64 {
         self.start + self.records.len() as i64
     }
+
+    /// Records held below offset `below`.
+    fn held_below(&self, below: i64) -> usize {
+        (below.min(self.end()) - self.start).max(0) as usize
+    }
+
+    /// Drops the first `n` records held (offsets do not change), giving back most of the
+    /// spare capacity when little is left.
+    fn drop_first(&mut self, n: usize) {
+        self.records.drain(..n);
+        self.start += n as i64;
+        let len = self.records.len();
+        if self.records.capacity() > 4 * len.max(LOAD_CHUNK) {
+            self.records.shrink_to(2 * len.max(LOAD_CHUNK));
+        }
+    }
 }
 
 /// Trace lines [`MemoryBroker::load_trace`] appends to one partition under one lock.
@@ -597,15 +613,9 @@ impl MemoryBroker {
             return;
         };
         let mut log = lock(&log.records);
-        let n = (below.min(log.end()) - log.start).max(0) as usize;
-        if n < RETAIN_DROP_MIN || n < log.records.len() - n {
-            return;
-        }
-        log.records.drain(..n);
-        log.start += n as i64;
-        let len = log.records.len();
-        if log.records.capacity() > 4 * len.max(LOAD_CHUNK) {
-            log.records.shrink_to(2 * len.max(LOAD_CHUNK));
+        let n = log.held_below(below);
+        if n >= RETAIN_DROP_MIN && n >= log.records.len() - n {
+            log.drop_first(n);
         }
     }
 
@@ -680,16 +690,11 @@ impl MemoryBroker {
                 continue;
             };
             let mut log = lock(&log.records);
-            let n = (below.min(log.end()) - log.start).max(0) as usize;
+            let n = log.held_below(below);
             if n == 0 {
                 continue;
             }
-            log.records.drain(..n);
-            log.start += n as i64;
-            let len = log.records.len();
-            if log.records.capacity() > 4 * len.max(1024) {
-                log.records.shrink_to(2 * len);
-            }
+            log.drop_first(n);
             dropped += n as u64;
         }
         dropped
