@@ -3,7 +3,8 @@
 //! ([`decode_trace_line`] → [`TraceRecord`]). The line is read in the upload decoder's one
 //! pass; only a line that fails it is read again field by field, for the error message.
 
-use super::upload::{parse_wire, TraceFields, Wire};
+use super::scan::PlainValue;
+use super::upload::{parse_wire, plain_wire_with, PlainTraceFields, TraceFields, Wire};
 use super::{parse_rfc3339_ms, parse_timestamp, DecodeError};
 use crate::engine::{Millis, Upload};
 use serde::Deserialize;
@@ -41,6 +42,9 @@ pub enum TraceLineError {
 /// Errors: [`TraceLineError::NotATrace`] first (not a JSON object, `ts` missing or not a
 /// timestamp, `partition` not a u32), then [`TraceLineError::Upload`] with the rule broken.
 pub fn decode_trace_line(text: &str) -> Result<TraceRecord, TraceLineError> {
+    if let Some(record) = decode_plain_trace_line(text) {
+        return Ok(record);
+    }
     let mut trace = TraceFields::default();
     let fast = parse_wire(text, Some(&mut trace))
         .ok()
@@ -60,6 +64,30 @@ pub fn decode_trace_line(text: &str) -> Result<TraceRecord, TraceLineError> {
         Some(record) => Ok(record),
         None => decode_trace_line_checked(text),
     }
+}
+
+/// [`decode_trace_line`] of a plain line ([`super::plain_object`]: no escapes, no nested
+/// values), the shape nearly every trace line has, without serde; `None` for any other
+/// line, or one whose upload, `ts` or `partition` is not valid (serde's pass then decides,
+/// and says what is wrong). A line it decodes decodes to the same record by serde's pass.
+fn decode_plain_trace_line(text: &str) -> Option<TraceRecord> {
+    let mut trace = PlainTraceFields::default();
+    let fields = plain_wire_with(text, Some(&mut trace))?.check().ok()?;
+    let ts = match trace.ts? {
+        // A non-negative integer (`plain_object` allows a sign, `plain_ts` does not).
+        PlainValue::Int(digits) if !digits.starts_with('-') => digits.parse().ok()?,
+        PlainValue::Str(text) => parse_rfc3339_ms(text).ok()?,
+        _ => return None,
+    };
+    let partition = match trace.partition {
+        None | Some(PlainValue::Null) => None,
+        Some(PlainValue::Int(digits)) => Some(digits.parse::<u32>().ok()?),
+        Some(_) => return None,
+    };
+    Some(TraceRecord {
+        partition,
+        upload: fields.into_upload(ts),
+    })
 }
 
 /// `ts` given as a non-negative integer or an RFC 3339 string without escapes; `None` for
@@ -165,5 +193,53 @@ mod tests {
         );
         // A missing `ts` is reported before the upload's own faults, as always.
         assert!(reason(lines[19]).starts_with("missing \"ts\""));
+        // The plain lines take the path without serde; the others do not.
+        for i in [0, 1, 2, 3] {
+            assert!(decode_plain_trace_line(lines[i]).is_some(), "{}", lines[i]);
+        }
+        for i in [
+            4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22,
+        ] {
+            assert!(decode_plain_trace_line(lines[i]).is_none(), "{}", lines[i]);
+        }
+    }
+
+    proptest::proptest! {
+        /// Lines of plain and not-so-plain members decode alike with and without the plain
+        /// path, and whatever the plain path decodes, serde's field-by-field pass decodes
+        /// the same.
+        #[test]
+        fn plain_trace_lines_decode_as_serde_decodes_them(
+            members in proptest::collection::vec(
+                (
+                    "tenant|session|event_id|final|ts|partition|x",
+                    proptest::prop_oneof![
+                        "\"[a-z0-9/ -]{0,5}\"",
+                        "\"2026-01-0[1-9]T00:00:0[0-9](\\.[0-9]{3})?Z\"",
+                        "-?[0-9]{1,21}",
+                        "true|false|null",
+                        "[0-9]\\.[0-9]",
+                        "\"\\\\u00[0-9a-f]{2}\"",
+                        "\\{\"index\":1,\"count\":2\\}",
+                    ],
+                ),
+                0..8,
+            ),
+            space in " {0,2}",
+            valid_first in proptest::bool::ANY,
+        ) {
+            // Half the lines start with a valid upload and `ts`, so that many decode.
+            let first = valid_first.then(|| r#""tenant":"t","session":"s","ts":7"#.to_owned());
+            let body: Vec<String> = first
+                .into_iter()
+                .chain(members.iter().map(|(k, v)| format!("\"{k}\"{space}:{space}{v}")))
+                .collect();
+            let line = format!("{space}{{{}}}{space}", body.join(","));
+            let checked = decode_trace_line_checked(&line);
+            proptest::prop_assert_eq!(&decode_trace_line(&line), &checked, "{}", line);
+            if let Some(plain) = decode_plain_trace_line(&line) {
+                proptest::prop_assert_eq!(Ok(plain), checked, "{}", line);
+            }
+        }
     }
 }

@@ -259,10 +259,35 @@ const UPLOAD_FIELDS: [&str; 6] = [
 /// each at most once, without `part` or `attributes`: the same [`Wire`] serde's pass gives.
 /// `None` for any other payload (serde's pass then reads it, and says what is wrong).
 fn plain_wire(text: &str) -> Option<Wire<'_>> {
+    plain_wire_with(text, None)
+}
+
+/// The top-level `ts` and `partition` of a plain trace line as [`plain_wire_with`] saw
+/// them (each at most once; `None`: absent).
+#[derive(Default)]
+pub(super) struct PlainTraceFields<'a> {
+    pub(super) ts: Option<PlainValue<'a>>,
+    pub(super) partition: Option<PlainValue<'a>>,
+}
+
+/// [`plain_wire`] that, with `trace`, also captures the top-level `ts` and `partition` of a
+/// trace line (`None` when either appears twice: serde's pass then decides).
+pub(super) fn plain_wire_with<'a>(
+    text: &'a str,
+    mut trace: Option<&mut PlainTraceFields<'a>>,
+) -> Option<Wire<'a>> {
     let mut w = Wire::default();
     let mut seen = [false; 6];
     let plain = plain_object(text, |name, value| {
         let Some(i) = UPLOAD_FIELDS.iter().position(|n| *n == name) else {
+            if let Some(t) = trace.as_deref_mut() {
+                let field = match name {
+                    "ts" => &mut t.ts,
+                    "partition" => &mut t.partition,
+                    _ => return true,
+                };
+                return field.replace(value).is_none();
+            }
             return true;
         };
         if std::mem::replace(&mut seen[i], true) {

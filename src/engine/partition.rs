@@ -14,7 +14,7 @@
 //! records the interval the upload observed (`engine::learn`).
 
 use super::learn::{TenantAges, TenantStats, MAX_LEARNED_TENANTS};
-use super::timers::TimerQueue;
+use super::timers::{Hint, TimerQueue};
 use super::types::{Emission, Millis, SessionKey, SessionState, Upload};
 use super::{Applied, Engine, Step};
 use rustc_hash::FxHashMap;
@@ -415,6 +415,16 @@ impl MemTable {
         self.tenants.len()
     }
 
+    /// Forgets `key`'s state (no-op without state). Its timer, if any, stays: its hinted
+    /// entry went stale with the slot, so it is pushed again without a hint.
+    fn forget(&mut self, key: &SessionKey) {
+        if let Some(due) = self.sessions.remove(key) {
+            self.timers.note_cancel();
+            self.timers.push(due, key.clone());
+            self.compact_timers();
+        }
+    }
+
     /// Drops the timer index's stale entries once they may outnumber the live ones.
     fn compact_timers(&mut self) {
         if self.timers.needs_compaction() {
@@ -440,7 +450,7 @@ impl SessionTable for MemTable {
     }
 
     fn delete(&mut self, key: &SessionKey) -> Result<(), Self::Error> {
-        self.sessions.remove(key);
+        self.forget(key);
         Ok(())
     }
 
@@ -456,7 +466,7 @@ impl SessionTable for MemTable {
                 let (r, _) = f(&mut state);
                 match state {
                     Some(s) => *slot = s,
-                    None => self.sessions.remove(key),
+                    None => self.forget(key),
                 }
                 Ok(r)
             }
@@ -473,12 +483,13 @@ impl SessionTable for MemTable {
 
     /// One timer per key: a timer set for a key that has one replaces it.
     fn set_timer(&mut self, due: Millis, key: &SessionKey) -> Result<(), Self::Error> {
-        match self.sessions.set_due(key, Some(due)) {
+        let (old, hint) = self.sessions.set_due(key, Some(due));
+        match old {
             Some(old) if old == due => return Ok(()),
             Some(_) => self.timers.note_cancel(),
             None => {}
         }
-        self.timers.push(due, key.clone());
+        self.timers.push_hinted(due, key.clone(), hint);
         self.compact_timers();
         Ok(())
     }
@@ -495,7 +506,14 @@ impl SessionTable for MemTable {
 
     fn first_due(&mut self, now: Millis) -> Result<Option<(Millis, SessionKey)>, Self::Error> {
         let sessions = &self.sessions;
-        Ok(self.timers.first_due(now, |k| sessions.due(k)))
+        Ok(self
+            .timers
+            .first_due_hinted(now, |(due, k), hint| match hint.get() {
+                // The slot's version moves with its timer and when its key leaves it (which
+                // pushes a live timer again, unhinted): a match is the live timer.
+                Some((i, version)) => sessions.versions.get(i as usize) == Some(&version),
+                None => sessions.due(k) == Some(*due),
+            }))
     }
 
     fn has_timer(&mut self, due: Millis, key: &SessionKey) -> Result<bool, Self::Error> {
@@ -540,6 +558,9 @@ impl SessionTable for MemTable {
 struct Sessions {
     index: FxHashMap<SessionKey, u32>,
     chunks: Vec<Vec<Slot>>,
+    /// Each slot's timer version: bumped when the slot's timer moves or is cancelled and
+    /// when its key leaves the slot (`engine::timers`' hints).
+    versions: Vec<u32>,
     free: Vec<u32>,
     stateless: FxHashMap<SessionKey, Millis>,
     last: Option<(SessionKey, u32)>,
@@ -599,15 +620,22 @@ impl Sessions {
         }
     }
 
-    /// Sets (or with `None` removes) the timer of `key`; returns the one it had.
-    fn set_due(&mut self, key: &SessionKey, due: Option<Millis>) -> Option<Millis> {
+    /// Sets (or with `None` removes) the timer of `key`; returns the one it had and the
+    /// hint of the new one (its slot and version; [`Hint::NONE`] for a key without state).
+    fn set_due(&mut self, key: &SessionKey, due: Option<Millis>) -> (Option<Millis>, Hint) {
         if let Some(i) = self.find(key) {
-            return std::mem::replace(&mut self.slot(i).due, due);
+            let old = std::mem::replace(&mut self.slot(i).due, due);
+            let version = &mut self.versions[i as usize];
+            if old != due {
+                *version = version.wrapping_add(1);
+            }
+            return (old, Hint::new(i, *version));
         }
-        match due {
+        let old = match due {
             Some(d) => self.stateless.insert(key.clone(), d),
             None => self.stateless.remove(key),
-        }
+        };
+        (old, Hint::NONE)
     }
 
     /// Every state held, in no particular order.
@@ -642,6 +670,7 @@ impl Sessions {
                 // live in one partition's memory (each takes hundreds of bytes).
                 let chunk = chunk.expect("a chunk with room");
                 chunk.push(slot);
+                self.versions.push(0);
                 u32::try_from(used + chunk.len() - 1).expect("fewer than 2^32 sessions")
             }
         };
@@ -649,17 +678,19 @@ impl Sessions {
         self.last = Some((key.clone(), i));
     }
 
-    /// Forgets `key`'s state (no-op without state); its timer, if any, stays.
-    fn remove(&mut self, key: &SessionKey) {
-        if let Some(i) = self.index.remove(key) {
-            if self.last.as_ref().is_some_and(|(_, j)| *j == i) {
-                self.last = None;
-            }
-            let slot = std::mem::take(self.slot(i));
-            if let Some(d) = slot.due {
-                self.stateless.insert(key.clone(), d);
-            }
-            self.free.push(i);
+    /// Forgets `key`'s state (no-op without state); its timer, if any, stays, and is
+    /// returned (its slot's version moved: a hinted entry of it is stale now).
+    fn remove(&mut self, key: &SessionKey) -> Option<Millis> {
+        let i = self.index.remove(key)?;
+        if self.last.as_ref().is_some_and(|(_, j)| *j == i) {
+            self.last = None;
         }
+        let slot = std::mem::take(self.slot(i));
+        let version = &mut self.versions[i as usize];
+        *version = version.wrapping_add(1);
+        self.free.push(i);
+        let due = slot.due?;
+        self.stateless.insert(key.clone(), due);
+        Some(due)
     }
 }
