@@ -26,8 +26,9 @@
 //! cancelled, or leaves the slot. [`TimerQueue::first_due_hinted`] hands the hint back, so
 //! the owner tells a stale entry (a hot key's timer moved by every upload leaves one each
 //! time) from one array read, without the key's hash lookup and the cache misses that come
-//! with it in a large index (`store::mem`; issue 37's profile had the stale entries' lookups
-//! at a tenth of the partition's thread). When a live timer's hint goes wrong (its key left
+//! with it in a large index (`store::mem`, and [`super::MemTable`] for `simulate`, `tune` and
+//! the shadows; issue 37's profile had the stale entries' lookups at a tenth of the
+//! partition's thread). When a live timer's hint goes wrong (its key left
 //! the slot), the owner pushes it again without a hint.
 //!
 //! Memory: 32 bytes per entry (live or stale) plus the buckets' spare capacity; with
