@@ -213,6 +213,12 @@ pub(crate) struct Mem {
     /// its slot and version ([`TimerHint`]) is live while they still match, so a moved
     /// timer's old entry is dropped without a lookup of its key ([`Mem::first_due`]).
     timer_versions: Vec<u32>,
+    /// Whether each slot's live timer entry is the hinted one its last move pushed (by slot
+    /// number; false: the slot has no timer, or its key's timer is asked by key, as a timer
+    /// loaded at open or kept while the key was evicted is). Only a hinted live entry goes
+    /// stale when its key leaves the slot, so only then is the timer pushed again
+    /// ([`Mem::evict`]): a key cached at open and evicted later keeps its one entry.
+    timer_hinted: Vec<bool>,
     /// Owed emissions by sequence number.
     pub(crate) outbox: Outbox,
     /// Outbox entries below this sequence number are in RocksDB.
@@ -287,6 +293,7 @@ impl Mem {
             evicted: EvictedKeys::default(),
             timers: TimerQueue::new(),
             timer_versions: Vec::new(),
+            timer_hinted: Vec::new(),
             outbox: Outbox::default(),
             durable_seq: 0,
             written_seq: 0,
@@ -380,6 +387,7 @@ impl Mem {
         if let Some(d) = new {
             self.timers.push_hinted(d, key.clone(), hint);
         }
+        self.timer_hinted[i as usize] = new.is_some();
         if self.timers.needs_compaction() {
             let (index, slots, evicted) = (&self.index, &self.slots, &self.evicted);
             self.timers.compact(|k| due_in(index, slots, evicted, k));
@@ -512,6 +520,9 @@ impl Mem {
         let i = match self.free.pop() {
             Some(i) => {
                 *self.slot_at(i) = slot;
+                // A timer the key brings is asked by key (loaded at open, or kept while the
+                // key was evicted).
+                self.timer_hinted[i as usize] = false;
                 i
             }
             None => {
@@ -526,6 +537,7 @@ impl Mem {
                 let i =
                     u32::try_from(used + chunk.len() - 1).expect("fewer than 2^32 cached sessions");
                 self.timer_versions.push(0);
+                self.timer_hinted.push(false);
                 i
             }
         };
@@ -757,11 +769,12 @@ impl Mem {
             let key = std::mem::replace(&mut slot.key, SessionKey::placeholder());
             self.index.remove(&key);
             self.free.push(i as u32);
-            // The slot's hints are wrong from now on: a live timer is pushed again, to be
-            // asked by key.
+            // The slot's hints are wrong from now on: a live timer whose entry was hinted is
+            // pushed again, to be asked by key (one asked by key already stays live).
             let version = &mut self.timer_versions[i];
             *version = version.wrapping_add(1);
-            if let Some(d) = e.due {
+            let hinted = std::mem::replace(&mut self.timer_hinted[i], false);
+            if let (Some(d), true) = (e.due, hinted) {
                 self.timers.note_cancel();
                 self.timers.push(d, key.clone());
             }
@@ -990,6 +1003,87 @@ mod tests {
             attributes: None,
             event_ids: None,
         }
+    }
+
+    fn long_key(i: u32) -> SessionKey {
+        SessionKey::new("tenant-with-a-long-name", &format!("session-{i:06}"))
+    }
+
+    /// What a flush does to the dirty entries (`store::prepare` takes them, clearing their
+    /// flags, then [`Mem::sealed`]).
+    fn flushed(mem: &mut Mem) {
+        for i in mem.dirty.clone() {
+            if let (_, Some(e)) = mem.slot_mut(i) {
+                e.dirty = false;
+            }
+        }
+        mem.sealed();
+    }
+
+    /// A key cached at open (its timer loaded unhinted) keeps its one queue entry when it is
+    /// evicted; a key whose timer moved while cached (a hinted entry) gets it pushed again.
+    /// Either way every timer is still there once, in order, and fires from its record.
+    #[test]
+    fn eviction_pushes_a_timer_again_only_when_its_entry_was_hinted() {
+        let per_entry = entry_bytes(&long_key(0), None);
+        let mut mem = Mem::new(CacheBudget::new(8 * per_entry));
+        // As at open: every timer pushed by key, four keys cached clean.
+        for i in 0..4 {
+            mem.load_timer(1_000 + i64::from(i), &long_key(i));
+            mem.insert_clean(&long_key(i), None, Some(1_000 + i64::from(i)));
+        }
+        // Four keys set since (their timers hinted), then flushed: clean, newer.
+        for i in 10..14 {
+            mem.set(&long_key(i), None, Some(2_000 + i64::from(i)));
+        }
+        flushed(&mut mem);
+        assert_eq!(mem.timers.entries(), 8);
+        // Two more keys: over the budget, so the four opened ones (least recently used) go.
+        for i in 20..22 {
+            mem.set(&long_key(i), None, Some(3_000 + i64::from(i)));
+        }
+        flushed(&mut mem);
+        mem.evict(false);
+        for i in 0..4 {
+            assert!(mem.is_evicted(&long_key(i)), "key {i} evicted");
+        }
+        assert_eq!(
+            mem.timers.entries(),
+            10,
+            "no entry pushed for the unhinted timers"
+        );
+        // Now hinted ones go too.
+        let before = mem.timers.entries();
+        for i in 30..38 {
+            mem.set(&long_key(i), None, Some(4_000 + i64::from(i)));
+        }
+        flushed(&mut mem);
+        mem.evict(false);
+        let evicted_hinted = (10..14)
+            .chain(20..22)
+            .chain(30..38)
+            .filter(|&i| mem.is_evicted(&long_key(i)))
+            .count();
+        assert!(evicted_hinted >= 4, "the hinted keys were evicted");
+        assert_eq!(
+            mem.timers.entries(),
+            before + 8 + evicted_hinted,
+            "one entry pushed again for each evicted hinted timer"
+        );
+        let mut fired = Vec::new();
+        while let Some((due, key)) = mem.first_due(Millis::MAX) {
+            assert_eq!(mem.due_of(&key), Some(due));
+            fired.push((due, key.clone()));
+            mem.set(&key, None, None);
+        }
+        let mut expected: Vec<(Millis, SessionKey)> = (0..4)
+            .map(|i| (1_000 + i64::from(i), long_key(i)))
+            .chain((10..14).map(|i| (2_000 + i64::from(i), long_key(i))))
+            .chain((20..22).map(|i| (3_000 + i64::from(i), long_key(i))))
+            .chain((30..38).map(|i| (4_000 + i64::from(i), long_key(i))))
+            .collect();
+        expected.sort();
+        assert_eq!(fired, expected, "every timer fires once, in order");
     }
 
     fn seqs(outbox: &Outbox, from: u64, to: u64) -> Vec<u64> {
