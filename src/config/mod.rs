@@ -224,8 +224,8 @@ pub struct StoreConfig {
     /// `session-cache-mib`: session state the process keeps in memory for all its partitions
     /// (MiB, approximate, 1–65 536, default 64). Clean sessions past it are evicted least
     /// recently used and read back from the store when their key is touched again; the timer
-    /// index (about 60 bytes per pending key, plus the key when longer than 15 bytes) comes
-    /// on top.
+    /// index and the evicted keys (about 80 bytes per stored key, plus the key when longer
+    /// than 16 bytes: 48 bytes for a 26-byte key) come on top.
     pub session_cache_mib: u32,
 }
 

@@ -2,7 +2,7 @@
 //! emissions. All times are event-time milliseconds since the Unix epoch (SEMANTICS §3); all
 //! durations are milliseconds.
 
-use ecow::EcoString;
+use lean_string::LeanStr;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -11,14 +11,15 @@ pub type Millis = i64;
 
 /// `tenant/session` (SEMANTICS §2). The first `/` separates tenant and session.
 ///
-/// Cheap to clone, 16 bytes: a key of at most 15 bytes is held inline (no heap, no pointer
+/// Cheap to clone, 16 bytes: a key of at most 16 bytes is held inline (no heap, no pointer
 /// to follow when two keys are compared or a hash bucket is checked); a longer one is a
-/// shared, reference-counted string (as big as an `Arc<str>`). Ordered, hashed and serialized as its text. Construction does not validate
-/// the tenant/session alphabets; `codec::decode_upload` does that for records from the
-/// outside.
+/// shared, reference-counted string (`lean_string::LeanStr`: an 8-byte header before the
+/// bytes, the length in the handle; a 26-byte key is one 48-byte malloc chunk). Ordered,
+/// hashed and serialized as its text. Construction does not validate the tenant/session
+/// alphabets; `codec::decode_upload` does that for records from the outside.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct SessionKey(EcoString);
+pub struct SessionKey(LeanStr);
 
 impl SessionKey {
     /// Builds `tenant/session`.
@@ -33,26 +34,26 @@ impl SessionKey {
             joined[t + 1..].copy_from_slice(session.as_bytes());
             // Two `str`s joined by `/` are UTF-8: this check never fails.
             if let Ok(key) = std::str::from_utf8(joined) {
-                return SessionKey(EcoString::from(key));
+                return SessionKey(LeanStr::from(key));
             }
         }
         let mut s = String::with_capacity(len);
         s.push_str(tenant);
         s.push('/');
         s.push_str(session);
-        SessionKey(EcoString::from(s))
+        SessionKey(LeanStr::from(s))
     }
 
     /// An empty key, never a real one (no `/`): a placeholder where a slot's key was taken
     /// out (`store::mem`). No allocation.
     pub(crate) fn placeholder() -> Self {
-        SessionKey(EcoString::new())
+        SessionKey(LeanStr::new())
     }
 
     /// Wraps an already joined key. Returns `None` when it has no `/` or an empty tenant.
     pub fn parse(key: &str) -> Option<Self> {
         match key.find('/') {
-            Some(i) if i > 0 && i + 1 < key.len() => Some(SessionKey(EcoString::from(key))),
+            Some(i) if i > 0 && i + 1 < key.len() => Some(SessionKey(LeanStr::from(key))),
             _ => None,
         }
     }
@@ -426,16 +427,16 @@ mod tests {
 
     #[test]
     fn short_and_long_keys_split_order_and_serialize_alike() {
-        // 15 bytes are held inline, 16 and more in a shared string: nothing else may differ.
-        let short = SessionKey::new("acme", "build-4201"); // 4 + 1 + 10 = 15 bytes
-        let long = SessionKey::new("acme", "build-42012"); // 16 bytes
+        // 16 bytes are held inline, 17 and more in a shared string: nothing else may differ.
+        let short = SessionKey::new("acme", "build-42012"); // 4 + 1 + 11 = 16 bytes
+        let long = SessionKey::new("acme", "build-420123"); // 17 bytes
         let huge = SessionKey::new("t", &"s".repeat(200)); // past the 96-byte stack buffer
-        assert_eq!(short.as_str().len(), 15);
-        assert_eq!(long.as_str().len(), 16);
+        assert_eq!(short.as_str().len(), 16);
+        assert_eq!(long.as_str().len(), 17);
         assert_eq!(std::mem::size_of::<SessionKey>(), 16);
         for (key, tenant, session) in [
-            (&short, "acme", "build-4201"),
-            (&long, "acme", "build-42012"),
+            (&short, "acme", "build-42012"),
+            (&long, "acme", "build-420123"),
             (&huge, "t", &"s".repeat(200)[..]),
         ] {
             assert_eq!(key.tenant(), tenant);
@@ -462,7 +463,7 @@ mod tests {
         let h = std::collections::hash_map::RandomState::new();
         assert_eq!(
             h.hash_one(&short),
-            h.hash_one(SessionKey::new("acme", "build-4201"))
+            h.hash_one(SessionKey::new("acme", "build-42012"))
         );
         assert_eq!(
             h.hash_one(&huge),
