@@ -130,6 +130,12 @@ pub struct NatsConfig {
     /// deployment, else `settle.changelog.<input-stream>.<consumer-prefix>`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub changelog_subject_prefix: Option<String>,
+    /// `changelog-snapshot-kib`: a partition's changelog is compacted once this many KiB of
+    /// store changes were appended since its last snapshot and at least twice the last
+    /// snapshot's size (default 65 536 = 64 MiB; 16 – 67 108 864): the owner appends its whole store as a
+    /// snapshot and purges the stream below it (`transport::nats::changelog`, "Compaction").
+    /// Smaller keeps the streams smaller and costs more snapshots.
+    pub changelog_snapshot_kib: u32,
     /// `tier-counts-bucket`: the JetStream KV bucket where the instances exchange their
     /// per-tenant emission counts every `tiers.share-interval` (key = instance), so tiers
     /// follow the deployment's rate and outlive restarts (SEMANTICS §5), and their partition
@@ -201,6 +207,7 @@ impl std::fmt::Debug for NatsConfig {
             max_ack_pending,
             changelog_stream,
             changelog_subject_prefix,
+            changelog_snapshot_kib,
             tier_counts_bucket,
             overrides_bucket,
             heartbeat_interval,
@@ -235,6 +242,7 @@ impl std::fmt::Debug for NatsConfig {
             .field("max_ack_pending", max_ack_pending)
             .field("changelog_stream", changelog_stream)
             .field("changelog_subject_prefix", changelog_subject_prefix)
+            .field("changelog_snapshot_kib", changelog_snapshot_kib)
             .field("tier_counts_bucket", tier_counts_bucket)
             .field("overrides_bucket", overrides_bucket)
             .field("heartbeat_interval", heartbeat_interval)
@@ -274,6 +282,7 @@ impl Default for NatsConfig {
             max_ack_pending: 100_000,
             changelog_stream: None,
             changelog_subject_prefix: None,
+            changelog_snapshot_kib: 65_536,
             tier_counts_bucket: None,
             overrides_bucket: None,
             heartbeat_interval: Duration::from_secs(5),
@@ -489,6 +498,12 @@ impl NatsConfig {
             self.max_ack_pending.into(),
             1_000,
             10_000_000,
+        )?;
+        check_range(
+            "nats.changelog-snapshot-kib",
+            self.changelog_snapshot_kib.into(),
+            16,
+            64 << 20,
         )?;
         check_span(
             "nats.heartbeat-interval",

@@ -861,6 +861,12 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
                 continue;
             }
             self.ship_changes()?;
+            if self.changelog.enabled
+                && self.fence.owned()
+                && self.ctx.sink.changelog_snapshot_due(self.status.partition)
+            {
+                self.snapshot_changelog()?;
+            }
             paused = report.paused;
             // Offsets go to the source at most every COMMIT_INTERVAL (or the input's own
             // interval) while records flow, and at once when the partition is caught up (and
@@ -1486,6 +1492,46 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
             offset: self.flushed_offset,
             sent: Instant::now(),
         });
+        Ok(())
+    }
+
+    /// Compacts the changelog (`Sink::changelog_snapshot_due`; NATS, where the changelog
+    /// holds batches that the server does not compact): flushes what memory owes and ships
+    /// its changes, then appends the whole store (`PartitionStore::snapshot_changes`) with
+    /// `Sink::append_snapshot`, which drops what lies before it once acknowledged. The
+    /// append is tracked as any other (gating, checkpoint). The snapshot is built on this
+    /// task (about 1 s per million stored keys; the input waits meanwhile).
+    ///
+    /// Errors: the store's, or a failed append (fatal for the partition, as in
+    /// [`Task::ship_changes`]).
+    fn snapshot_changelog(&mut self) -> Result<(), String> {
+        let t = Instant::now();
+        self.flush_if_due(true).map_err(fatal)?;
+        self.ship_changes()?;
+        let snapshot = self.store.snapshot_changes().map_err(fatal)?;
+        // Nothing was owed after the flush above; should the snapshot's own flush have
+        // recorded anything, it goes first (the same values as the snapshot's).
+        self.ship_changes()?;
+        if snapshot.is_empty() {
+            return Ok(());
+        }
+        let ack = self
+            .ctx
+            .sink
+            .append_snapshot(self.status.partition, &snapshot)
+            .map_err(|e| self.changelog_failed(&e))?;
+        self.changelog.acks.push_back(Append {
+            ack,
+            outbox_below: self.store.durable_outbox_seq(),
+            offset: self.flushed_offset,
+            sent: Instant::now(),
+        });
+        tracing::info!(
+            partition = self.partition(),
+            records = snapshot.len(),
+            elapsed_ms = t.elapsed().as_millis() as u64,
+            "changelog snapshot appended: the changelog is compacted below it once acknowledged"
+        );
         Ok(())
     }
 

@@ -15,6 +15,10 @@
 //! In exactly-once mode a dirty store is always wiped: its last writes belong to a
 //! transaction that did not commit.
 //!
+//! A clean store whose checkpoint lies below a compaction that dropped tombstones (NATS:
+//! the changelog purged below a snapshot, [`ChangelogReader::restarts_from_snapshot`]) is
+//! wiped and restored from the start of what the changelog holds.
+//!
 //! After applying records, the timers are rebuilt from the sessions (they are not on the
 //! changelog). A snapshot has no tombstones: a key deleted in the writes the changelog lacked
 //! (an expired session, an acknowledged outbox entry) comes back on a later restore from
@@ -175,6 +179,22 @@ pub async fn open_and_restore<K: Sink>(
             let Some(mut reader) = open_reader(sink, partition, from, status, cancel).await? else {
                 return Ok(None);
             };
+            if from > 0 && reader.restarts_from_snapshot() {
+                // Purged past the checkpoint (NATS compaction): the deletes this store
+                // lacks are gone with what was purged, so it starts empty from the snapshot.
+                tracing::warn!(
+                    partition,
+                    changelog = %topic,
+                    checkpoint = from,
+                    "the changelog was compacted past this store's checkpoint: wiping the store and restoring it from the changelog's snapshot"
+                );
+                drop(reader);
+                drop(store);
+                PartitionStore::destroy(path).map_err(|e| format!("partition store: {e}"))?;
+                store = open()?;
+                report.wiped = true;
+                continue 'reopen;
+            }
             loop {
                 let chunk = tokio::select! {
                     () = cancel.cancelled() => return Ok(None),

@@ -422,6 +422,27 @@ pub trait Sink: Clone + Send + Sync + 'static {
         })
     }
 
+    /// Whether the changelog of `partition` should be compacted now by appending the whole
+    /// store with [`Sink::append_snapshot`] (NATS: enough appended since the last snapshot,
+    /// `nats.changelog-snapshot-kib`). Default `false` (Kafka compacts by key itself).
+    fn changelog_snapshot_due(&self, partition: i32) -> bool {
+        let _ = partition;
+        false
+    }
+
+    /// As [`Sink::append_changes`], for `changes` that are the partition's whole store
+    /// (`PartitionStore::snapshot_changes`): once acknowledged, the changelog may drop what
+    /// lies before them (NATS: purged below the snapshot). Default: an ordinary append.
+    ///
+    /// Errors: as [`Sink::append_changes`].
+    fn append_snapshot(
+        &self,
+        partition: i32,
+        changes: &[Change],
+    ) -> Result<BoxFuture<'static, Result<i64, Error>>, Error> {
+        self.append_changes(partition, changes)
+    }
+
     /// Opens a reader of changelog partition `partition` from offset `from` up to the end
     /// as of the call (records appended later may or may not be read).
     ///
@@ -670,6 +691,15 @@ pub trait ChangelogReader: Send {
     /// The offset after the last record, as the broker last reported it (for progress);
     /// `None` while unknown.
     fn end_hint(&self) -> Option<i64>;
+
+    /// The changelog was compacted past the offset this reader was opened at, tombstones
+    /// included (NATS: purged below a snapshot, `transport::nats::changelog` "Compaction"):
+    /// a store at that checkpoint may hold keys deleted since, so the restore must wipe it
+    /// and read from offset 0 instead. Default `false` (Kafka's compaction keeps tombstones
+    /// for `delete.retention.ms`).
+    fn restarts_from_snapshot(&self) -> bool {
+        false
+    }
 }
 
 /// Exponential backoff for retryable transport errors: 50 ms doubling up to `max`.

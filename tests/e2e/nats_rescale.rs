@@ -425,3 +425,114 @@ fn nats_same_index_twice_is_fenced() -> Result<()> {
     rt.block_on(setup.cleanup());
     Ok(())
 }
+
+/// A changelog compacted by snapshots (`transport::nats::changelog`, "Compaction";
+/// `nats.changelog-snapshot-kib = 16`, so every partition snapshots and purges many times)
+/// still moves a partition with its pending rounds, and a store whose checkpoint was
+/// purged past is wiped and restored from the snapshot. Under `settle loadgen --nats`
+/// traffic: instance A (index 0 of 1) runs, and is stopped; B (the same index, a new data
+/// dir) restores every partition from the changelogs and goes on, compacting them past A's
+/// checkpoints, and is SIGKILLed; A starts again on its old stores, which it must wipe.
+/// Afterwards every upload is covered exactly (as in the re-scale test), every changelog
+/// stream was purged (its first message is a snapshot start), and A's log says it wiped.
+#[test]
+fn nats_compacted_changelog_moves_partitions_and_wipes_stale_stores() -> Result<()> {
+    let Some(addr) = server("nats_compacted_changelog_moves_partitions_and_wipes_stale_stores")
+    else {
+        return Ok(());
+    };
+    const PARTS: u32 = 4;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let setup = rt.block_on(Setup::new(&addr, "compact", Storage::Memory, PARTS))?;
+    let dir = keep_or_temp()?;
+    let compacting = |name: &str, data: &Path| -> Result<PathBuf> {
+        let path = config(&setup, dir.path(), name, data, 0, 1)?;
+        let text = std::fs::read_to_string(&path)?
+            .replace("[nats]\n", "[nats]\nchangelog-snapshot-kib = 16\n");
+        std::fs::write(&path, text)?;
+        Ok(path)
+    };
+    let (data_a, data_b) = (dir.path().join("a"), dir.path().join("b"));
+    let all: BTreeSet<i32> = (0..PARTS as i32).collect();
+    let mut a = Proc::start(dir.path(), "a", &compacting("a", &data_a)?)?;
+    a.wait_restored(&all)?;
+    let mut gen = process_support::nats_loadgen(&setup.nats, "30s", "20", "21")
+        .spawn()
+        .context("spawn settle loadgen")?;
+    let run_for = |p: &mut Proc, secs: u64| -> Result<()> {
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(secs) {
+            p.ensure_running()?;
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    };
+    run_for(&mut a, 8)?;
+    sigterm(&mut a.child, SHUTDOWN_DEADLINE)?;
+    let mut b = Proc::start(dir.path(), "b", &compacting("b", &data_b)?)?;
+    b.wait_restored(&all)?;
+    run_for(&mut b, 12)?;
+    b.child.kill()?;
+    b.child.wait()?;
+    ensure!(
+        gen.try_wait()?.is_none(),
+        "loadgen finished before A came back"
+    );
+    let snapshots = b
+        .log()?
+        .with_message(
+            "changelog snapshot appended: the changelog is compacted below it once acknowledged",
+        )
+        .count();
+    ensure!(
+        snapshots >= PARTS as usize,
+        "B appended {snapshots} snapshots; compaction did not run on every partition"
+    );
+    let mut a = Proc::start(dir.path(), "a2", &compacting("a2", &data_a)?)?;
+    a.wait_restored(&all)?;
+    let status = wait_exit(&mut gen, STEP)?.context("loadgen did not finish")?;
+    ensure!(status.success(), "loadgen failed: {status}");
+
+    let input = rt.block_on(setup.input(1))?;
+    let produced = uploads_per_key(&input);
+    let got = wait_covered(&rt, &setup, &produced, &mut [&mut a])?;
+    let (distinct, copies) = check_coverage(&got, &produced)?;
+    let wiped: BTreeSet<i32> = a
+        .log()?
+        .with_message("the changelog was compacted past this store's checkpoint: wiping the store and restoring it from the changelog's snapshot")
+        .filter_map(|e| e.int("partition"))
+        .map(|p| p as i32)
+        .collect();
+    ensure!(
+        wiped == all,
+        "A wiped the stores of partitions {wiped:?}, not all of {all:?}"
+    );
+    for p in 0..PARTS as i32 {
+        let name = setup.nats.changelog_stream_name(p);
+        let first = rt.block_on(async {
+            let mut s = setup.js.get_stream(&name).await?;
+            let first = s.info().await?.state.first_sequence;
+            let m = s.get_raw_message(first).await?;
+            anyhow::Ok((
+                first,
+                m.headers.get(nats::changelog::SNAPSHOT_HEADER).is_some(),
+            ))
+        })?;
+        ensure!(
+            first.0 > 1 && first.1,
+            "changelog {name}: first message {} is not a snapshot start after compaction",
+            first.0
+        );
+    }
+    sigterm(&mut a.child, SHUTDOWN_DEADLINE)?;
+    println!(
+        "{} uploads in {} sessions, all covered by {distinct} distinct emissions ({copies} copies); B appended {snapshots} snapshots; A wiped {wiped:?}",
+        input.len(),
+        produced.len()
+    );
+    rt.block_on(setup.cleanup());
+    Ok(())
+}

@@ -7,18 +7,35 @@
 //! # Layout
 //!
 //! One stream per input partition: `<nats.changelog-stream>-<p>` (`SETTLE_CHANGELOG-3`) with
-//! subjects `<nats.changelog-subject-prefix>.<p>.*`. A record of store key `k`
-//! (`store::changelog_key`: column family, `0x00`, key) is a message on
-//! `<prefix>.<p>.<hex(k)>` (lowercase hex: any session key becomes one safe subject token),
-//! body = the stored bytes; a delete is an empty body with header [`TOMBSTONE_HEADER`].
-//! The stream keeps one message per subject (`max-msgs-per-subject = 1`): JetStream's
-//! per-key compaction, so the stream holds what a restore needs and no more. Its **stream
-//! sequence is the changelog offset**: dense per partition like a Kafka offset (gaps where
-//! compaction removed a record), the checkpoint of a store is the sequence after the last
-//! record it holds. settle creates the streams if missing (`nats.storage`, `nats.replicas`,
-//! `nats.duplicate-window`; no `max-age`: a changelog record must live as long as its key).
-//! Tombstones are kept (one small message per deleted key, removed when the key is written
-//! again): a restore from any checkpoint then sees every delete.
+//! subjects `<nats.changelog-subject-prefix>.<p>.*`. **An append is one message per
+//! [`batch::BATCH_MAX_BYTES`] of changes** on subject `<prefix>.<p>.batch-<sequence>` (the
+//! sequence it is expected to land at, so every message has a subject of its own), body =
+//! the changes in write order ([`batch`]: key, put or delete, value). JetStream charges
+//! about 10 µs of server CPU per message whatever its size, so one message per flush
+//! instead of one per changed key is what lets settle keep up with its input on NATS
+//! (BENCHMARKS "NATS changelog batches"). Its **stream sequence is the changelog offset** of
+//! every change it holds: offsets grow per message, the checkpoint of a store is the
+//! sequence after the last message it holds, and a restore applies a message whole.
+//!
+//! Streams written by settle before batches hold one message per store key on
+//! `<prefix>.<p>.<hex(key)>` (lowercase hex of `store::changelog_key`), a delete as an empty
+//! body with header [`TOMBSTONE_HEADER`], compacted by JetStream's
+//! `max-msgs-per-subject = 1`. The reader still reads them, and the first snapshot purges
+//! them. settle creates the streams if missing (`nats.storage`, `nats.replicas`,
+//! `nats.duplicate-window`, `max-msgs-per-subject = 1`; no `max-age`: a record must live as
+//! long as its key).
+//!
+//! # Compaction
+//!
+//! Batches are not compacted by the server. Once `nats.changelog-snapshot-kib` of changes
+//! were appended since the last snapshot, and at least twice that snapshot's size
+//! ([`NatsChangelog::snapshot_due`]), the partition task appends its whole store
+//! (`PartitionStore::snapshot_changes`) as a snapshot: its first message has header
+//! [`SNAPSHOT_HEADER`]. Once the snapshot is acknowledged, the stream is purged below its
+//! first message: what remains is the snapshot and the appends after it, which is what a
+//! restore needs. A store whose checkpoint lies below a purge has lost the tombstones of
+//! what was purged: its reader says so ([`ChangelogReader::restarts_from_snapshot`]) and
+//! the restore wipes it and reads from the snapshot.
 //!
 //! # Fencing by the log
 //!
@@ -58,12 +75,13 @@
 //!
 //! The appends of one partition go through one task, in call order; the messages of one
 //! append are sent back to back (one round trip for all of them) and acknowledged in order.
-//! Appends queued while one is on the wire go out together as the next one (at most
-//! 8 192 changes): after a broker pause the queue drains in one round trip instead of one per
-//! flush. A failed append fails every later one of that partition (and every append it went
+//! Appends queued while one is on the wire go out together (each with messages of its own,
+//! at most 8 192 changes in all): after a broker pause the queue drains in one round trip
+//! instead of one per flush. A failed append fails every later one of that partition (and every append it went
 //! out with): the stream then holds a prefix of the store's writes, as the Kafka changelog's
 //! idempotent producer guarantees.
 
+use super::batch;
 use super::{fatal, unavailable, NatsConfig, CALL_TIMEOUT, TRANSPORT};
 use crate::store::changelog::writer_of;
 use crate::store::Change;
@@ -93,6 +111,13 @@ pub const INPUT_STREAM_HEADER: &str = "settle-input-stream";
 /// Header of a changelog's writer record: the input's partition count (`nats.partitions`,
 /// decimal) when it was written.
 pub const INPUT_PARTITIONS_HEADER: &str = "settle-input-partitions";
+
+/// Header of the first message of a snapshot (value `1`): the stream is purged below it once
+/// the whole snapshot is acknowledged (module docs: Compaction).
+pub const SNAPSHOT_HEADER: &str = "settle-snapshot";
+
+/// The last subject token of a batch message: `batch-<sequence>`.
+const BATCH_TOKEN: &str = "batch-";
 
 /// Most messages one reader fetch asks for.
 const READ_FETCH: usize = 5_000;
@@ -132,10 +157,19 @@ struct LogState {
     last: Option<u64>,
     /// Set by a failed append; every later append fails with it until the next read.
     failed: Option<Error>,
+    /// Batch body bytes appended since the last snapshot was handed in (module docs:
+    /// Compaction).
+    since_snapshot: u64,
+    /// Body bytes of the last snapshot (0: none by this process yet).
+    last_snapshot: u64,
+    /// A snapshot is queued or on the wire.
+    snapshot_in_flight: bool,
 }
 
 struct Job {
     changes: Vec<Change>,
+    /// The changes are the whole store: the stream is purged below them once acknowledged.
+    snapshot: bool,
     done: oneshot::Sender<Result<i64, Error>>,
 }
 
@@ -175,20 +209,29 @@ impl NatsChangelog {
         }))
     }
 
-    /// See `Sink::append_changes`.
+    /// See `Sink::append_changes`; `snapshot`: `changes` are the partition's whole store
+    /// (`Sink::append_snapshot`): once acknowledged, the stream is purged below them.
     pub(crate) fn append(
         &self,
         partition: i32,
         changes: &[Change],
+        snapshot: bool,
     ) -> Result<BoxFuture<'static, Result<i64, Error>>, Error> {
         if changes.is_empty() {
             return Err(fatal("empty changelog append".into()));
         }
         let log = self.log(partition);
         let (done, result) = oneshot::channel();
+        if snapshot {
+            log.state
+                .lock()
+                .expect("changelog state lock")
+                .snapshot_in_flight = true;
+        }
         log.jobs
             .send(Job {
                 changes: changes.to_vec(),
+                snapshot,
                 done,
             })
             .map_err(|_| fatal("the changelog append task stopped".into()))?;
@@ -197,6 +240,21 @@ impl NatsChangelog {
                 .await
                 .unwrap_or_else(|_| Err(fatal("the changelog append task stopped".into())))
         }))
+    }
+
+    /// See `Sink::changelog_snapshot_due`: at least `nats.changelog-snapshot-kib` MiB and
+    /// twice the last snapshot were appended to `partition` since that snapshot, and no
+    /// snapshot is on its way (module docs: Compaction).
+    pub(crate) fn snapshot_due(&self, partition: i32) -> bool {
+        let map = self.inner.partitions.lock().expect("changelog map lock");
+        let Some(log) = map.get(&partition) else {
+            return false;
+        };
+        let s = log.state.lock().expect("changelog state lock");
+        let floor = u64::from(self.inner.config.changelog_snapshot_kib) << 10;
+        !s.snapshot_in_flight
+            && s.failed.is_none()
+            && s.since_snapshot >= floor.max(2 * s.last_snapshot)
     }
 
     /// See `Sink::read_changelog`: creates the partition's stream if missing, fails with
@@ -223,6 +281,7 @@ impl NatsChangelog {
                 ))
             })?;
         let last = info.state.last_sequence;
+        let first = info.state.first_sequence;
         let name = info.config.name.clone();
         let end = last as i64 + 1;
         if from > end {
@@ -230,6 +289,19 @@ impl NatsChangelog {
                 TRANSPORT, &name, partition, end, from,
             ));
         }
+        // Purged past the checkpoint: the store lacks what was purged, tombstones included
+        // (module docs: Compaction). Per-key compaction (the older layout) also moves the
+        // first sequence up, but keeps tombstones: only a snapshot start says "purged".
+        let compacted = from > 0
+            && (from as u64) < first
+            && last > 0
+            && stream
+                .get_raw_message(first)
+                .await
+                .map_err(|e| unavailable(format!("changelog {name} sequence {first}: {e}")))?
+                .headers
+                .get(SNAPSHOT_HEADER)
+                .is_some();
         let log = self.log(partition);
         {
             let mut s = log.state.lock().expect("changelog state lock");
@@ -262,6 +334,8 @@ impl NatsChangelog {
             state: log.state.clone(),
             end,
             done: from >= end || last == 0,
+            compacted,
+            read: (0, 0),
         }))
     }
 }
@@ -275,6 +349,23 @@ impl NatsChangelog {
     /// server does not answer.
     async fn check_input(&self, stream: &stream::Stream, partition: i32) -> Result<(), Error> {
         use async_nats::jetstream::stream::LastRawMessageErrorKind;
+        // Batches name the input on every message that holds the writer record: the last
+        // message usually does. A stream of the per-key layout has it on the writer's subject.
+        let last = stream.cached_info().state.last_sequence;
+        if last > 0 {
+            if let Ok(Ok(m)) =
+                tokio::time::timeout(CALL_TIMEOUT, stream.get_raw_message(last)).await
+            {
+                if let Some(input) = m.headers.get(INPUT_STREAM_HEADER) {
+                    return check_binding(
+                        &self.inner.config,
+                        &stream.cached_info().config.name,
+                        Some(input.as_str()),
+                        m.headers.get(INPUT_PARTITIONS_HEADER).map(|v| v.as_str()),
+                    );
+                }
+            }
+        }
         let subject = record_subject(
             &self.inner.subject_prefix,
             partition,
@@ -456,23 +547,32 @@ async fn append_task(
             }
         }
         let failed = state.lock().expect("changelog state lock").failed.clone();
+        let plan = Plan::of(&batch);
         let result = match failed {
             Some(e) => Err(e),
-            None if batch.len() == 1 => {
-                append_job(&inner, partition, &state, &batch[0].changes).await
-            }
-            None => {
-                let mut changes = Vec::with_capacity(count);
-                for job in &batch {
-                    changes.extend_from_slice(&job.changes);
-                }
-                append_job(&inner, partition, &state, &changes).await
-            }
+            None => append_job(&inner, partition, &state, &plan).await,
         };
-        if let Err(e) = &result {
-            state.lock().expect("changelog state lock").failed = Some(e.clone());
+        {
+            let mut s = state.lock().expect("changelog state lock");
+            match &result {
+                Err(e) => s.failed = Some(e.clone()),
+                Ok(_) => {
+                    s.since_snapshot += plan.bytes_after_snapshot();
+                    if let Some(bytes) = plan.snapshot_bytes() {
+                        s.last_snapshot = bytes;
+                    }
+                }
+            }
+            if plan.snapshot_start.is_some() {
+                s.snapshot_in_flight = false;
+            }
         }
-        let results = job_results(&result, &batch);
+        if let (Ok(end), Some(start)) = (&result, plan.snapshot_start) {
+            // The snapshot's first message: what is below it is no longer needed.
+            let first = *end as u64 - (plan.messages.len() - start) as u64;
+            purge_below(&inner, partition, first).await;
+        }
+        let results = job_results(&result, &plan.per_job);
         for (job, r) in batch.into_iter().zip(results) {
             let _ = job.done.send(r);
         }
@@ -488,34 +588,127 @@ pub const APPEND_WINDOW: usize = 256;
 /// Most changes one coalesced append takes (`append_task`).
 const COALESCE_MAX_CHANGES: usize = 8_192;
 
+/// The messages of one coalesced append: each job's changes cut into batch bodies
+/// ([`batch::split`]), no body shared by two jobs.
+struct Plan {
+    /// Batch bodies in append order; `true` for the first body of a snapshot.
+    messages: Vec<(Bytes, bool)>,
+    /// Messages of each job, in job order.
+    per_job: Vec<usize>,
+    /// Index (in `messages`) of the first message of the last snapshot job, if any.
+    snapshot_start: Option<usize>,
+    /// Whether a message holds the writer record (`meta\0writer`).
+    writer: Vec<bool>,
+}
+
+impl Plan {
+    fn of(jobs: &[Job]) -> Plan {
+        let mut plan = Plan {
+            messages: Vec::new(),
+            per_job: Vec::with_capacity(jobs.len()),
+            snapshot_start: None,
+            writer: Vec::new(),
+        };
+        for job in jobs {
+            let bodies = batch::split(&job.changes, batch::BATCH_MAX_BYTES);
+            plan.per_job.push(bodies.len());
+            if job.snapshot {
+                plan.snapshot_start = Some(plan.messages.len());
+            }
+            for (i, (body, range)) in bodies.into_iter().enumerate() {
+                plan.writer
+                    .push(job.changes[range].iter().any(|c| writer_of(c).is_some()));
+                plan.messages
+                    .push((Bytes::from(body), job.snapshot && i == 0));
+            }
+        }
+        plan
+    }
+
+    /// Body bytes of the messages from the last snapshot on (all of them without one).
+    fn bytes_after_snapshot(&self) -> u64 {
+        let from = self.snapshot_start.unwrap_or(0);
+        self.messages[from..]
+            .iter()
+            .map(|(b, _)| b.len() as u64)
+            .sum()
+    }
+
+    /// Body bytes of the last snapshot job, if there is one.
+    fn snapshot_bytes(&self) -> Option<u64> {
+        let start = self.snapshot_start?;
+        let mut at = 0;
+        for n in &self.per_job {
+            if at == start {
+                let bytes = self.messages[at..at + n].iter();
+                return Some(bytes.map(|(b, _)| b.len() as u64).sum());
+            }
+            at += n;
+        }
+        None
+    }
+}
+
+/// Purges `partition`'s changelog stream below sequence `first` (the first message of an
+/// acknowledged snapshot). A failure is logged and left: the next snapshot purges again.
+async fn purge_below(inner: &Inner, partition: i32, first: u64) {
+    let purged = async {
+        let s = ensure_stream(&inner.js, &inner.config, partition).await?;
+        s.purge()
+            .sequence(first)
+            .await
+            .map_err(|e| unavailable(format!("purge: {e}")))
+    };
+    match tokio::time::timeout(CALL_TIMEOUT, purged).await {
+        Ok(Ok(r)) => tracing::info!(
+            partition,
+            below = first,
+            purged = r.purged,
+            "nats: changelog compacted: purged below the snapshot"
+        ),
+        Ok(Err(e)) => {
+            tracing::warn!(partition, below = first, error = %e, "nats: changelog purge failed; the next snapshot purges again")
+        }
+        Err(_) => {
+            tracing::warn!(
+                partition,
+                below = first,
+                "nats: changelog purge timed out; the next snapshot purges again"
+            )
+        }
+    }
+}
+
 /// The result of each job of a coalesced append: the changelog offset after that job's last
-/// message (`end` minus the changes of the jobs after it), or the append's error for all.
-fn job_results(result: &Result<i64, Error>, batch: &[Job]) -> Vec<Result<i64, Error>> {
+/// message (`end` minus the messages of the jobs after it), or the append's error for all.
+/// `per_job`: each job's message count.
+fn job_results(result: &Result<i64, Error>, per_job: &[usize]) -> Vec<Result<i64, Error>> {
     match result {
         Ok(end) => {
             let mut after = *end;
-            let mut out: Vec<Result<i64, Error>> = batch
+            let mut out: Vec<Result<i64, Error>> = per_job
                 .iter()
                 .rev()
-                .map(|job| {
+                .map(|n| {
                     let here = after;
-                    after -= job.changes.len() as i64;
+                    after -= *n as i64;
                     Ok(here)
                 })
                 .collect();
             out.reverse();
             out
         }
-        Err(e) => batch.iter().map(|_| Err(e.clone())).collect(),
+        Err(e) => per_job.iter().map(|_| Err(e.clone())).collect(),
     }
 }
 
-/// Appends `changes` after the last known sequence; returns the sequence after the last one.
+/// Appends the messages of `plan` after the last known sequence; returns the sequence after
+/// the last one.
 async fn append_job(
     inner: &Inner,
     partition: i32,
     state: &Mutex<LogState>,
-    changes: &[Change],
+    plan: &Plan,
 ) -> Result<i64, Error> {
     let known = state.lock().expect("changelog state lock").last;
     let mut last = match known {
@@ -523,41 +716,47 @@ async fn append_job(
         None => stream_last(inner, partition).await?,
     };
     let prefix = &inner.subject_prefix;
-    let messages: Vec<(String, PublishMessage)> = changes
-        .iter()
-        .enumerate()
-        .map(|(i, c)| {
-            (
-                record_subject(prefix, partition, &c.key),
-                // The first expects the stream's last sequence; each next one also expects
-                // its predecessor's id as the stream's last message id, so once one is
-                // refused (another writer appended) none after it can land on top of the
-                // other writer's records by matching their sequence numbers.
-                message(
-                    inner,
-                    c,
-                    last + i as u64,
-                    (i > 0).then(|| msg_id(inner, last + i as u64)),
-                ),
-            )
-        })
-        .collect();
+    let n = plan.messages.len();
+    let subject = |after: u64| format!("{prefix}.{partition}.{BATCH_TOKEN}{}", after + 1);
+    let build = |i: usize, after: u64, previous: Option<String>| {
+        let (body, snapshot) = &plan.messages[i];
+        message(
+            inner,
+            body.clone(),
+            *snapshot,
+            plan.writer[i],
+            after,
+            previous,
+        )
+    };
     // Pipelined, at most APPEND_WINDOW unacknowledged (an unawaited ack future holds one of
     // the context's `max_ack_inflight` permits: sending more than it allows before awaiting
     // any would wait forever), the acks taken in order; the first failure is looked at alone.
+    // The first expects the stream's last sequence; each next one also expects its
+    // predecessor's id as the stream's last message id, so once one is refused (another
+    // writer appended) none after it can land on top of the other writer's records by
+    // matching their sequence numbers.
+    let start = last;
     let mut i = 0;
+    let mut sent = 0;
     let mut window: VecDeque<PublishAckFuture> = VecDeque::with_capacity(APPEND_WINDOW);
     let mut broken = false;
-    let mut next = messages.iter().cloned();
     loop {
-        if !broken && window.len() < APPEND_WINDOW {
-            if let Some((subject, m)) = next.next() {
-                match inner.js.send_publish(subject, m).await {
-                    Ok(ack) => window.push_back(ack),
-                    Err(_) => broken = true,
+        if !broken && window.len() < APPEND_WINDOW && sent < n {
+            let after = start + sent as u64;
+            let previous = (sent > 0).then(|| msg_id(inner, after));
+            match inner
+                .js
+                .send_publish(subject(after), build(sent, after, previous))
+                .await
+            {
+                Ok(ack) => {
+                    window.push_back(ack);
+                    sent += 1;
                 }
-                continue;
+                Err(_) => broken = true,
             }
+            continue;
         }
         let Some(ack) = window.pop_front() else { break };
         match ack.await {
@@ -575,12 +774,11 @@ async fn append_job(
     // What is left (a publish or an ack failed): one at a time, retried while the server is
     // away, each checked against what the stream holds.
     let mut backoff = crate::transport::Backoff::new(Duration::from_secs(5));
-    while i < messages.len() {
+    while i < n {
         // The same message as the first attempt (same expected sequence, same id); one at a
         // time, each after the one before it is confirmed, so the sequence alone fences.
-        let subject = messages[i].0.clone();
-        let m = message(inner, &changes[i], last, None);
-        let sent = match inner.js.send_publish(subject.clone(), m).await {
+        let m = build(i, last, None);
+        let sent = match inner.js.send_publish(subject(last), m).await {
             Ok(ack) => ack.await,
             Err(e) => Err(e),
         };
@@ -618,7 +816,11 @@ async fn append_job(
                 });
             }
             Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => {
-                return Err(fatal(format!("changelog record on {subject}: {e}")))
+                return Err(fatal(format!(
+                    "changelog batch of {} bytes on {}: {e}",
+                    plan.messages[i].0.len(),
+                    subject(last)
+                )))
             }
             Err(e) => {
                 tracing::debug!(partition, error = %e, "nats: changelog append failed; retrying");
@@ -642,9 +844,18 @@ fn msg_id(inner: &Inner, seq: u64) -> String {
     format!("{}:{seq}", inner.msg_id_prefix)
 }
 
-/// The message of change `c` expected to land at `after + 1`, right after the message with
-/// id `previous` when given (`Nats-Expected-Last-Msg-Id`).
-fn message(inner: &Inner, c: &Change, after: u64, previous: Option<String>) -> PublishMessage {
+/// The batch message of `body` expected to land at `after + 1`, right after the message
+/// with id `previous` when given (`Nats-Expected-Last-Msg-Id`); `snapshot`: the first of a
+/// snapshot ([`SNAPSHOT_HEADER`]); `writer`: it holds the writer record, so it names the
+/// input it records ([`INPUT_STREAM_HEADER`], [`INPUT_PARTITIONS_HEADER`]).
+fn message(
+    inner: &Inner,
+    body: Bytes,
+    snapshot: bool,
+    writer: bool,
+    after: u64,
+    previous: Option<String>,
+) -> PublishMessage {
     let mut headers = HeaderMap::new();
     headers.insert(
         async_nats::header::NATS_EXPECTED_LAST_SEQUENCE,
@@ -660,22 +871,17 @@ fn message(inner: &Inner, c: &Change, after: u64, previous: Option<String>) -> P
         async_nats::header::NATS_MESSAGE_ID,
         msg_id(inner, after + 1).as_str(),
     );
-    if writer_of(c).is_some() {
-        // The writer record (in every append) names the input it records.
+    if writer {
         headers.insert(INPUT_STREAM_HEADER, inner.config.input_stream.as_str());
         headers.insert(
             INPUT_PARTITIONS_HEADER,
             inner.config.partitions.to_string().as_str(),
         );
     }
-    let payload = match &c.value {
-        Some(v) => Bytes::copy_from_slice(v),
-        None => {
-            headers.insert(TOMBSTONE_HEADER, "1");
-            Bytes::new()
-        }
-    };
-    PublishMessage::build().headers(headers).payload(payload)
+    if snapshot {
+        headers.insert(SNAPSHOT_HEADER, "1");
+    }
+    PublishMessage::build().headers(headers).payload(body)
 }
 
 /// The last sequence of `partition`'s changelog stream (0: empty).
@@ -702,6 +908,45 @@ async fn own_message_at(inner: &Inner, partition: i32, seq: u64, id: &str) -> Re
     }
 }
 
+/// Appends the changes of the changelog message on `subject` at sequence `seq` to `out`:
+/// a batch ([`batch`]) gives all of its changes, each at `seq`; a record of the per-key
+/// layout (module docs: Layout) gives one.
+///
+/// Errors: [`Error::Fatal`] when the message is not a settle record (another subject, a
+/// damaged batch).
+fn decode_message(
+    subject: &str,
+    headers: Option<&HeaderMap>,
+    payload: &[u8],
+    seq: u64,
+    out: &mut Vec<(i64, Change)>,
+) -> Result<(), Error> {
+    let token = subject.rsplit('.').next().unwrap_or_default();
+    if token.starts_with(BATCH_TOKEN) {
+        let changes = batch::decode(payload).map_err(|e| {
+            fatal(format!(
+                "changelog message on {subject} (sequence {seq}) is not a settle batch: {e}"
+            ))
+        })?;
+        out.extend(changes.into_iter().map(|c| (seq as i64, c)));
+        return Ok(());
+    }
+    let key = record_key(subject).ok_or_else(|| {
+        fatal(format!(
+            "changelog message on {subject} (sequence {seq}) is not a settle record"
+        ))
+    })?;
+    let tombstone = headers.and_then(|h| h.get(TOMBSTONE_HEADER)).is_some();
+    out.push((
+        seq as i64,
+        Change {
+            key,
+            value: (!tombstone).then(|| payload.to_vec()),
+        },
+    ));
+    Ok(())
+}
+
 /// Reads one partition's changelog stream from a sequence to its end as of the open.
 struct NatsChangelogReader {
     stream: stream::Stream,
@@ -710,9 +955,24 @@ struct NatsChangelogReader {
     /// Sequence after the last message as of the open (records past it may be read too).
     end: i64,
     done: bool,
+    /// The stream was purged past the reader's start (module docs: Compaction).
+    compacted: bool,
+    /// Messages and changes read so far: a fetch asks for about as many messages as hold
+    /// the changes wanted (a batch holds thousands, a record of the per-key layout one).
+    read: (u64, u64),
 }
 
 impl NatsChangelogReader {
+    /// Messages one fetch asks for to bring about `wanted` changes (at least 1, at most
+    /// [`READ_FETCH`]).
+    fn fetch_size(&self, wanted: usize) -> usize {
+        let (messages, changes) = self.read;
+        let per_message = changes.checked_div(messages).unwrap_or(1).max(1);
+        (wanted as u64)
+            .div_ceil(per_message)
+            .clamp(1, READ_FETCH as u64) as usize
+    }
+
     async fn chunk(&mut self, max: usize) -> Result<Vec<(i64, Change)>, Error> {
         let Some(consumer) = self.consumer.clone() else {
             self.done = true;
@@ -723,7 +983,7 @@ impl NatsChangelogReader {
         loop {
             let mut batch = consumer
                 .fetch()
-                .max_messages((max - out.len()).clamp(1, READ_FETCH))
+                .max_messages(self.fetch_size(max - out.len()))
                 .messages()
                 .await
                 .map_err(|e| unavailable(format!("changelog fetch: {e}")))?;
@@ -734,24 +994,16 @@ impl NatsChangelogReader {
                     Err(e) => return Err(unavailable(format!("changelog message: {e}"))),
                 };
                 let m = m.message;
-                let key = record_key(m.subject.as_str()).ok_or_else(|| {
-                    fatal(format!(
-                        "changelog message on {} (sequence {seq}) is not a settle record",
-                        m.subject
-                    ))
-                })?;
-                let tombstone = m
-                    .headers
-                    .as_ref()
-                    .and_then(|h| h.get(TOMBSTONE_HEADER))
-                    .is_some();
-                out.push((
-                    seq as i64,
-                    Change {
-                        key,
-                        value: (!tombstone).then(|| m.payload.to_vec()),
-                    },
-                ));
+                let before = out.len();
+                decode_message(
+                    m.subject.as_str(),
+                    m.headers.as_ref(),
+                    &m.payload,
+                    seq,
+                    &mut out,
+                )?;
+                self.read.0 += 1;
+                self.read.1 += (out.len() - before) as u64;
                 {
                     let mut s = self.state.lock().expect("changelog state lock");
                     s.last = Some(s.last.unwrap_or(0).max(seq));
@@ -761,9 +1013,8 @@ impl NatsChangelogReader {
                     self.done = true;
                     break;
                 }
-                if out.len() >= max {
-                    break;
-                }
+                // Every message the fetch brought is taken (none read past: the consumer
+                // does not deliver them again), so a chunk may hold more than `max`.
             }
             if !out.is_empty() || self.done {
                 return Ok(out);
@@ -804,6 +1055,10 @@ impl ChangelogReader for NatsChangelogReader {
     fn end_hint(&self) -> Option<i64> {
         Some(self.end)
     }
+
+    fn restarts_from_snapshot(&self) -> bool {
+        self.compacted
+    }
 }
 
 impl Drop for NatsChangelogReader {
@@ -825,33 +1080,104 @@ impl Drop for NatsChangelogReader {
 mod tests {
     use super::*;
 
-    fn job(n: usize) -> (Job, oneshot::Receiver<Result<i64, Error>>) {
-        let (done, rx) = oneshot::channel();
-        let changes = (0..n)
-            .map(|i| Change {
-                key: vec![i as u8],
-                value: None,
-            })
-            .collect();
-        (Job { changes, done }, rx)
-    }
-
     #[test]
-    fn a_coalesced_append_gives_each_job_the_offset_after_its_own_last_change() {
-        // Stream last at 10 before: jobs of 3, 1 and 2 changes land at 11..=16, so their
+    fn a_coalesced_append_gives_each_job_the_offset_after_its_own_last_message() {
+        // Stream last at 10 before: jobs of 3, 1 and 2 messages land at 11..=16, so their
         // offsets (sequence after their last message) are 14, 15 and 17.
-        let batch: Vec<Job> = [3, 1, 2].into_iter().map(|n| job(n).0).collect();
-        let got: Vec<i64> = job_results(&Ok(17), &batch)
+        let got: Vec<i64> = job_results(&Ok(17), &[3, 1, 2])
             .into_iter()
             .map(|r| r.expect("ok"))
             .collect();
         assert_eq!(got, vec![14, 15, 17]);
         let e = fatal("boom".into());
-        let got = job_results(&Err(e), &batch);
+        let got = job_results(&Err(e), &[3, 1, 2]);
         assert_eq!(got.len(), 3);
         assert!(got
             .iter()
             .all(|r| r.as_ref().is_err_and(|e| e.to_string().contains("boom"))));
+    }
+
+    #[test]
+    fn a_plan_gives_each_job_its_own_messages_and_marks_the_snapshot() {
+        let change = |key: &[u8], bytes: usize| Change {
+            key: key.to_vec(),
+            value: Some(vec![1; bytes]),
+        };
+        let big = batch::BATCH_MAX_BYTES / 3;
+        let (done, _rx) = oneshot::channel();
+        let live = Job {
+            changes: vec![change(b"sessions\0a", 10), change(b"meta\0writer", 8)],
+            snapshot: false,
+            done,
+        };
+        let (done, _rx2) = oneshot::channel();
+        let snapshot = Job {
+            // Three thirds of a batch and the writer record: two messages.
+            changes: vec![
+                change(b"sessions\0b", big),
+                change(b"sessions\0c", big),
+                change(b"sessions\0d", big),
+                change(b"meta\0writer", 8),
+            ],
+            snapshot: true,
+            done,
+        };
+        let plan = Plan::of(&[live, snapshot]);
+        assert_eq!(plan.per_job, vec![1, 2]);
+        assert_eq!(plan.snapshot_start, Some(1));
+        let flags: Vec<bool> = plan.messages.iter().map(|(_, s)| *s).collect();
+        assert_eq!(flags, vec![false, true, false], "only the snapshot's first");
+        assert_eq!(plan.writer, vec![true, false, true]);
+        let snapshot_bytes: u64 = plan.messages[1..].iter().map(|(b, _)| b.len() as u64).sum();
+        assert_eq!(plan.snapshot_bytes(), Some(snapshot_bytes));
+        assert_eq!(plan.bytes_after_snapshot(), snapshot_bytes);
+        // Decoded back, the messages are the jobs' changes in order.
+        let mut out = Vec::new();
+        for (i, (body, _)) in plan.messages.iter().enumerate() {
+            decode_message(
+                &format!("p.0.batch-{}", i + 1),
+                None,
+                body,
+                i as u64 + 1,
+                &mut out,
+            )
+            .expect("decodes");
+        }
+        let offsets: Vec<i64> = out.iter().map(|(o, _)| *o).collect();
+        assert_eq!(offsets, vec![1, 1, 2, 2, 3, 3]);
+    }
+
+    #[test]
+    fn a_message_of_the_per_key_layout_is_still_read() {
+        let mut out = Vec::new();
+        let subject = record_subject("settle.changelog", 3, b"sessions\0acme/r1");
+        decode_message(&subject, None, b"v", 9, &mut out).expect("a put");
+        let mut tomb = HeaderMap::new();
+        tomb.insert(TOMBSTONE_HEADER, "1");
+        decode_message(&subject, Some(&tomb), b"", 10, &mut out).expect("a delete");
+        assert_eq!(
+            out,
+            vec![
+                (
+                    9,
+                    Change {
+                        key: b"sessions\0acme/r1".to_vec(),
+                        value: Some(b"v".to_vec())
+                    }
+                ),
+                (
+                    10,
+                    Change {
+                        key: b"sessions\0acme/r1".to_vec(),
+                        value: None
+                    }
+                ),
+            ]
+        );
+        let e = decode_message("settle.changelog.3.batch-4", None, b"junk", 4, &mut out)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not a settle batch"), "{e}");
     }
 
     #[test]

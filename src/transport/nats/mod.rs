@@ -97,6 +97,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub mod actions;
+pub mod batch;
 pub mod changelog;
 pub mod consumer;
 pub mod overrides;

@@ -117,7 +117,24 @@ impl Sink for NatsSink {
         changes: &[Change],
     ) -> Result<BoxFuture<'static, Result<i64, Error>>, Error> {
         match &self.changelog {
-            Some(c) => c.append(partition, changes),
+            Some(c) => c.append(partition, changes, false),
+            None => Err(fatal("nats.changelog-stream is off".into())),
+        }
+    }
+
+    fn changelog_snapshot_due(&self, partition: i32) -> bool {
+        self.changelog
+            .as_ref()
+            .is_some_and(|c| c.snapshot_due(partition))
+    }
+
+    fn append_snapshot(
+        &self,
+        partition: i32,
+        changes: &[Change],
+    ) -> Result<BoxFuture<'static, Result<i64, Error>>, Error> {
+        match &self.changelog {
+            Some(c) => c.append(partition, changes, true),
             None => Err(fatal("nats.changelog-stream is off".into())),
         }
     }
