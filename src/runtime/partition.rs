@@ -1486,13 +1486,19 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
             .sink
             .append_changes(self.status.partition, &changes)
             .map_err(|e| self.changelog_failed(&e))?;
+        self.track_append(ack);
+        Ok(())
+    }
+
+    /// Tracks an append just made: its acknowledgement makes what the store holds durable
+    /// now (outbox entries, input offset) safe to publish and commit (`Changelog::gate`).
+    fn track_append(&mut self, ack: BoxFuture<'static, Result<i64, transport::Error>>) {
         self.changelog.acks.push_back(Append {
             ack,
             outbox_below: self.store.durable_outbox_seq(),
             offset: self.flushed_offset,
             sent: Instant::now(),
         });
-        Ok(())
     }
 
     /// Compacts the changelog (`Sink::changelog_snapshot_due`; NATS, where the changelog
@@ -1520,12 +1526,7 @@ impl<I: PartitionInput, K: Sink, C: Clock> Task<I, K, C> {
             .sink
             .append_snapshot(self.status.partition, &snapshot)
             .map_err(|e| self.changelog_failed(&e))?;
-        self.changelog.acks.push_back(Append {
-            ack,
-            outbox_below: self.store.durable_outbox_seq(),
-            offset: self.flushed_offset,
-            sent: Instant::now(),
-        });
+        self.track_append(ack);
         tracing::info!(
             partition = self.partition(),
             records = snapshot.len(),

@@ -238,6 +238,24 @@ fn wait_covered(
     }
 }
 
+/// Waits for loadgen `gen` to finish, then until the ready records cover every upload of the
+/// input stream (`wait_covered`, `procs` checked running meanwhile), and checks the coverage
+/// (`check_coverage`). Returns (uploads, sessions, distinct emissions, copies).
+fn loadgen_done_and_covered(
+    rt: &tokio::runtime::Runtime,
+    setup: &Setup,
+    gen: &mut Child,
+    procs: &mut [&mut Proc],
+) -> Result<(usize, usize, usize, usize)> {
+    let status = wait_exit(gen, STEP)?.context("loadgen did not finish")?;
+    ensure!(status.success(), "loadgen failed: {status}");
+    let input = rt.block_on(setup.input(1))?;
+    let produced = uploads_per_key(&input);
+    let got = wait_covered(rt, setup, &produced, procs)?;
+    let (distinct, copies) = check_coverage(&got, &produced)?;
+    Ok((input.len(), produced.len(), distinct, copies))
+}
+
 #[test]
 fn nats_two_instances_sigkill_rescale_to_three() -> Result<()> {
     let Some(addr) = server("nats_two_instances_sigkill_rescale_to_three") else {
@@ -298,16 +316,10 @@ fn nats_two_instances_sigkill_rescale_to_three() -> Result<()> {
             .collect();
         p.wait_restored(&owned)?;
     }
-    let status = wait_exit(&mut gen, STEP)?.context("loadgen did not finish")?;
-    ensure!(status.success(), "loadgen failed: {status}");
-
-    let input = rt.block_on(setup.input(1))?;
-    let produced = uploads_per_key(&input);
-    let got = {
+    let (uploads, sessions, distinct, copies) = {
         let mut refs: Vec<&mut Proc> = three.iter_mut().collect();
-        wait_covered(&rt, &setup, &produced, &mut refs)?
+        loadgen_done_and_covered(&rt, &setup, &mut gen, &mut refs)?
     };
-    let (distinct, copies) = check_coverage(&got, &produced)?;
 
     // The moved partitions were restored from their changelogs by their new owners.
     let mut restored = BTreeMap::new();
@@ -335,8 +347,8 @@ fn nats_two_instances_sigkill_rescale_to_three() -> Result<()> {
     }
     println!(
         "{} uploads in {} sessions, all covered by {distinct} distinct emissions ({copies} copies, identical); restores (partition: owner, records, ms) {restored:?}",
-        input.len(),
-        produced.len()
+        uploads,
+        sessions
     );
     rt.block_on(setup.cleanup());
     Ok(())
@@ -373,13 +385,8 @@ fn nats_same_index_twice_is_fenced() -> Result<()> {
         &config(&setup, dir.path(), "second", &dir.path().join("d2"), 0, 1)?,
     )?;
     second.wait_restored(&all)?;
-    let status = wait_exit(&mut gen, STEP)?.context("loadgen did not finish")?;
-    ensure!(status.success(), "loadgen failed: {status}");
-
-    let input = rt.block_on(setup.input(1))?;
-    let produced = uploads_per_key(&input);
-    let got = wait_covered(&rt, &setup, &produced, &mut [&mut second])?;
-    let (distinct, copies) = check_coverage(&got, &produced)?;
+    let (uploads, sessions, distinct, copies) =
+        loadgen_done_and_covered(&rt, &setup, &mut gen, &mut [&mut second])?;
 
     // The first process was fenced at its next append after the claim (on whichever
     // partition appended first) and stopped with exit code 1, as for any failed partition: it
@@ -418,8 +425,8 @@ fn nats_same_index_twice_is_fenced() -> Result<()> {
     sigterm(&mut second.child, SHUTDOWN_DEADLINE)?;
     println!(
         "{} uploads in {} sessions covered by {distinct} distinct emissions ({copies} copies, identical); first process fenced on {fenced:?} {} ms after the second's first claim, then exited ({status})",
-        input.len(),
-        produced.len(),
+        uploads,
+        sessions,
         fenced_at - claimed_first
     );
     rt.block_on(setup.cleanup());
@@ -493,13 +500,8 @@ fn nats_compacted_changelog_moves_partitions_and_wipes_stale_stores() -> Result<
     );
     let mut a = Proc::start(dir.path(), "a2", &compacting("a2", &data_a)?)?;
     a.wait_restored(&all)?;
-    let status = wait_exit(&mut gen, STEP)?.context("loadgen did not finish")?;
-    ensure!(status.success(), "loadgen failed: {status}");
-
-    let input = rt.block_on(setup.input(1))?;
-    let produced = uploads_per_key(&input);
-    let got = wait_covered(&rt, &setup, &produced, &mut [&mut a])?;
-    let (distinct, copies) = check_coverage(&got, &produced)?;
+    let (uploads, sessions, distinct, copies) =
+        loadgen_done_and_covered(&rt, &setup, &mut gen, &mut [&mut a])?;
     let wiped: BTreeSet<i32> = a
         .log()?
         .with_message("the changelog was compacted past this store's checkpoint: wiping the store and restoring it from the changelog's snapshot")
@@ -530,8 +532,8 @@ fn nats_compacted_changelog_moves_partitions_and_wipes_stale_stores() -> Result<
     sigterm(&mut a.child, SHUTDOWN_DEADLINE)?;
     println!(
         "{} uploads in {} sessions, all covered by {distinct} distinct emissions ({copies} copies); B appended {snapshots} snapshots; A wiped {wiped:?}",
-        input.len(),
-        produced.len()
+        uploads,
+        sessions
     );
     rt.block_on(setup.cleanup());
     Ok(())
