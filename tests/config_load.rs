@@ -120,11 +120,11 @@ fn shipped_file_documents_every_key_with_its_env_var() {
         }
     }
     // transport 1, debounce 7 (max-wait unset), store 4, runtime 5, admin 4 (tokens and
-    // TLS files unset), kafka 6 (changelog-topic and tier-counts-topic unset), nats 17 (auth
+    // TLS files unset), kafka 6 (changelog-topic and tier-counts-topic unset), nats 18 (auth
     // and TLS files unset; changelog-stream, changelog-subject-prefix, tier-counts-bucket,
     // overrides-bucket unset: derived; heartbeat-interval), tiers 6 (demote-to unset;
     // share-interval), 2 tiers × 2; no [[shadow]] (commented out).
-    assert_eq!(keys, 54);
+    assert_eq!(keys, 55);
     assert!(text.contains("SETTLE_RUNTIME__SHADOW_MAX_SESSIONS"));
     assert!(text.contains("SETTLE_DEBOUNCE__MAX_WAIT"));
     assert!(text.contains("SETTLE_TIERS__DEMOTE_TO"));
