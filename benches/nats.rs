@@ -17,14 +17,17 @@
 //! terms: one connection (settle shares one among its partitions), a multi-threaded tokio
 //! runtime with the default worker count (as `settle run`), and per partition one
 //! **ephemeral pull consumer** filtered on that partition's subject, configured like
-//! settle's durable ones (**explicit acks**, `nats.ack-wait`, `nats.max-ack-pending`,
+//! settle's durable ones (**ack policy "all"**, `nats.ack-wait`, `nats.max-ack-pending`,
 //! deliver all, the stream's file storage), read by its own task with no-wait fetches of
 //! `runtime.batch-size` messages (settle's default, 1000). Each message's metadata is parsed
 //! (stream sequence, as settle does for its offsets), its payload and headers copied out
-//! (no decode), and it is **acked** (an empty publish on its reply subject, as settle's ack
-//! task sends once a batch is durable). Its time runs from the first fetch to the last
-//! message, plus a flush of the connection so every ack has left. `NATS_BENCH_BARE_ACKS=none`
-//! reads with `AckPolicy::None` instead and sends no acks (a reader that cannot resume: an
+//! (no decode), and the last message of each fetch is **acked** (an empty publish on its
+//! reply subject, acknowledging the fetch, as settle's ack task sends one ack per durable
+//! commit). Its time runs from the first fetch to the last message, plus a flush of the
+//! connection so every ack has left. `NATS_BENCH_BARE_ACKS=explicit` acks every message
+//! (explicit ack policy: what settle did before 2026-12-07, and a common consumer);
+//! `NATS_BENCH_BARE_ACKS=none` reads with `AckPolicy::None` and sends no acks (a reader that
+//! cannot resume: an
 //! upper bound). The bare consumers are deleted before settle starts; both read a stream
 //! written just before, so the server's caches are alike for both.
 //!
@@ -35,7 +38,9 @@
 //! Environment: `NATS_BENCH_SERVER` (host:port; default `SETTLE_TEST_NATS`, else
 //! 127.0.0.1:4222), `NATS_BENCH_UPLOADS`, `NATS_BENCH_PARTITIONS` (default 4),
 //! `NATS_BENCH_RATE` (loadgen `--rate`, default 50 000 uploads/s), `NATS_BENCH_BARE_ACKS`
-//! (`explicit`, default, or `none`). Policy: `fixed` 2 s, `catch-up-rate` 1 000 000 (the
+//! (`all`, default, `explicit` or `none`), `NATS_BENCH_SETTLE_LOG` (`SETTLE_LOG` of `settle run`,
+//! default `warn`; its log goes to stderr), `NATS_BENCH_VERBOSE` (set: print each look at
+//! the consumers, time since spawn, uploads left and delivered). Policy: `fixed` 2 s, `catch-up-rate` 1 000 000 (the
 //! replayed backlog's rounds are not paced), file storage. The streams are deleted at the
 //! end. Without a server it says so and exits 0.
 
@@ -89,13 +94,14 @@ struct BareRead {
 }
 
 /// Reads `expected` messages of one partition's bare consumer with no-wait fetches of
-/// `batch`, copying each out and acking it when `ack`. Fails unless the stream sequences
-/// rise (every message once, in order).
+/// `batch`, copying each out and acking as `acks` says: `All`, the last message of each
+/// fetch (as settle acks the last message of each commit); `Explicit`, every message;
+/// `None`, none. Fails unless the stream sequences rise (every message once, in order).
 async fn read_partition(
     consumer: PullConsumer,
     expected: u64,
     batch: usize,
-    ack: bool,
+    acks: AckPolicy,
 ) -> Result<Vec<Copied>> {
     let mut out: Vec<Copied> = Vec::with_capacity(expected as usize);
     let deadline = Instant::now() + Duration::from_secs(600);
@@ -111,6 +117,7 @@ async fn read_partition(
             .messages()
             .await
             .map_err(|e| anyhow!("bare fetch: {e}"))?;
+        let mut last = None;
         while let Some(m) = messages.next().await {
             let m = m.map_err(|e| anyhow!("bare fetch: {e}"))?;
             let sequence = m.info().map_err(|e| anyhow!("{e}"))?.stream_sequence;
@@ -132,9 +139,14 @@ async fn read_partition(
                 headers,
                 payload: m.payload.to_vec(),
             });
-            if ack {
-                m.ack().await.map_err(|e| anyhow!("bare ack: {e}"))?;
+            match acks {
+                AckPolicy::Explicit => m.ack().await.map_err(|e| anyhow!("bare ack: {e}"))?,
+                AckPolicy::All => last = Some(m),
+                _ => {}
             }
+        }
+        if let Some(m) = last {
+            m.ack().await.map_err(|e| anyhow!("bare ack: {e}"))?;
         }
         if out.len() == before {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -174,8 +186,7 @@ fn bare_read(n: &NatsConfig, acks: AckPolicy) -> Result<BareRead> {
             .iter()
             .map(|c| {
                 let expected = c.cached_info().num_pending;
-                let ack = acks == AckPolicy::Explicit;
-                tokio::spawn(read_partition(c.clone(), expected, batch, ack))
+                tokio::spawn(read_partition(c.clone(), expected, batch, acks))
             })
             .collect();
         let mut read = Vec::new();
@@ -221,33 +232,87 @@ struct Drain {
     all_out: Duration,
 }
 
-/// Watches `settle run` (`run`, spawned at `t0`) work off the backlog. Startup (stores
-/// opened, changelog streams, consumers bound) is timed apart: the first poll that finds
-/// messages delivered to settle's consumers starts the reading.
+/// `settle_uploads_consumed_total` of the `settle run` whose admin port is `admin` (summed
+/// over partitions), read from its `/metrics` with a plain HTTP/1.0 GET; `None` while the
+/// port does not answer (startup).
+fn consumed(admin: u16) -> Option<u64> {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", admin)).ok()?;
+    conn.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .ok()?;
+    let mut text = String::new();
+    conn.read_to_string(&mut text).ok()?;
+    let mut total = 0.0;
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix(settle::metrics::UPLOADS_CONSUMED) else {
+            continue;
+        };
+        if rest.starts_with('{') || rest.starts_with(' ') {
+            total += rest
+                .rsplit(' ')
+                .next()
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0);
+        }
+    }
+    Some(total as u64)
+}
+
+/// Watches `settle run` (`run`, spawned at `t0`, admin port `admin`) work off the `backlog`.
+///
+/// Until settle has applied the whole backlog it is watched through its own metrics
+/// ([`consumed`], every 20 ms), not through the server: on nats-server 2.9.10 a consumer-info
+/// request recounts a filtered consumer's pending messages and can leave it recounting them
+/// (a scan of its message block) for every message it delivers afterwards, until it is past
+/// the middle of that block (fixed in 2.9.15: "Do not re-calculate NumPending on consumer
+/// info calls"). Asked every 250 ms during the drain, those requests made settle's drains
+/// 5-15x slower than its reading speed; the bare reader is never asked. Once everything is
+/// applied (nothing left to deliver, so a recount costs nothing), the consumers are asked
+/// every 20 ms until nothing is pending or unacked. Startup (stores opened, changelog
+/// streams, consumers bound) is timed apart: the first look that finds uploads applied
+/// starts the reading.
 fn drain(
     rt: &tokio::runtime::Runtime,
     js: &async_nats::jetstream::Context,
     n: &NatsConfig,
     run: &mut std::process::Child,
     t0: Instant,
+    admin: u16,
+    backlog: u64,
 ) -> Result<Drain> {
     let limit = Duration::from_secs(600);
+    let verbose = std::env::var_os("NATS_BENCH_VERBOSE").is_some();
     let mut first = None;
+    loop {
+        let applied = consumed(admin).unwrap_or(0);
+        if applied > 0 && first.is_none() {
+            first = Some((t0.elapsed(), applied));
+        }
+        if verbose {
+            eprintln!("[{:>7.3} s] applied {applied}", t0.elapsed().as_secs_f64());
+        }
+        if applied >= backlog {
+            break;
+        }
+        ensure!(run.try_wait()?.is_none(), "settle run exited");
+        ensure!(t0.elapsed() < limit, "not drained within {limit:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let drained = loop {
         let (left, delivered) = rt.block_on(progress(js, n)).unwrap_or((1, 0));
-        if delivered > 0 && first.is_none() {
-            first = Some((t0.elapsed(), delivered));
+        if verbose {
+            eprintln!(
+                "[{:>7.3} s] left {left}, delivered {delivered}",
+                t0.elapsed().as_secs_f64()
+            );
         }
         if left == 0 {
             break t0.elapsed();
         }
         ensure!(run.try_wait()?.is_none(), "settle run exited");
         ensure!(t0.elapsed() < limit, "not drained within {limit:?}");
-        // Asked every 20 ms from the start, these consumer-info requests slowed the 2.9
-        // server's deliveries to settle 2-4x (drains of 4-8 s that took 1.3-3.5 s asked
-        // every 250 ms-1 s; BENCHMARKS "NATS changelog batches"): ask rarely while much is
-        // left, often only near the end.
-        std::thread::sleep(Duration::from_millis(if left > 10_000 { 250 } else { 20 }));
+        std::thread::sleep(Duration::from_millis(20));
     };
     let at_drain = rt.block_on(messages(js, &n.output_stream))?;
     let (mut last, mut since) = (at_drain, Instant::now());
@@ -282,8 +347,9 @@ fn main() -> Result<()> {
     let rate: f64 = env("NATS_BENCH_RATE", 50_000.0_f64).min(uploads as f64);
     let bare_acks = match std::env::var("NATS_BENCH_BARE_ACKS").as_deref() {
         Ok("none") => AckPolicy::None,
-        Ok("explicit") | Err(_) => AckPolicy::Explicit,
-        Ok(other) => anyhow::bail!("NATS_BENCH_BARE_ACKS={other}: expected explicit or none"),
+        Ok("all") | Err(_) => AckPolicy::All,
+        Ok("explicit") => AckPolicy::Explicit,
+        Ok(other) => anyhow::bail!("NATS_BENCH_BARE_ACKS={other}: expected all, explicit or none"),
     };
     let answers = server.to_socket_addrs().ok().is_some_and(|mut a| {
         a.any(|a| std::net::TcpStream::connect_timeout(&a, Duration::from_secs(2)).is_ok())
@@ -305,13 +371,18 @@ fn main() -> Result<()> {
     };
     let dir = tempfile::tempdir()?;
     let config = dir.path().join("settle.toml");
+    // A port of its own: another settle on the machine holds the default 9464. settle's
+    // metrics there tell the drain how far it is (`drain`).
+    let admin_port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
     std::fs::write(
         &config,
         format!(
             r#"transport = "nats"
 [debounce]
 policy = "fixed"
-delay = "2s"
+delay = "{delay}"
 [store]
 data-dir = "{data}"
 [runtime]
@@ -337,11 +408,8 @@ topic = "bench{id}.ready.normal"
 name = "limited"
 topic = "bench{id}.ready.limited"
 "#,
+            delay = std::env::var("NATS_BENCH_DELAY").unwrap_or_else(|_| "2s".to_owned()),
             data = dir.path().join("data").display(),
-            // A port of its own: another settle on the machine holds the default 9464.
-            admin_port = std::net::TcpListener::bind("127.0.0.1:0")?
-                .local_addr()?
-                .port(),
             servers = n.servers,
             input = n.input_stream,
             prefix = n.input_subject_prefix,
@@ -397,10 +465,10 @@ topic = "bench{id}.ready.limited"
     println!(
         "bare JetStream pull consumers ({partitions}, acks {}): {} messages ({:.1} MB copied) \
          in {:.2} s = {bare_rate:.0} uploads/s",
-        if bare_acks == AckPolicy::None {
-            "none"
-        } else {
-            "explicit"
+        match bare_acks {
+            AckPolicy::None => "none",
+            AckPolicy::All => "all, one per fetch",
+            _ => "explicit, one per message",
         },
         bare.messages,
         bare.bytes as f64 / 1e6,
@@ -412,13 +480,16 @@ topic = "bench{id}.ready.limited"
     let mut run = Command::new(bin)
         .args(["run", "--config"])
         .arg(&config)
-        .env("SETTLE_LOG", "warn")
+        .env(
+            "SETTLE_LOG",
+            std::env::var("NATS_BENCH_SETTLE_LOG").unwrap_or_else(|_| "warn".to_owned()),
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
         .context("settle run")?;
-    let measured = drain(&rt, &js, &n, &mut run, t0);
+    let measured = drain(&rt, &js, &n, &mut run, t0, admin_port, backlog);
     // settle stopped and the streams deleted whether or not it drained.
     let _ = Command::new("kill")
         .args(["-TERM", &run.id().to_string()])

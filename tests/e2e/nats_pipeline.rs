@@ -7,7 +7,9 @@
 //!    `simulate::replay`; each tier subject holds exactly the emissions the replay makes for
 //!    the tenants of that tier (every field but `emitted_at`), with `Nats-Msg-Id`,
 //!    `settle-emission-id` and `settle-key` headers; every consumer is then acked to its
-//!    partition's end.
+//!    partition's end, with ack policy "all" (partition 0's consumer, made beforehand with
+//!    explicit acks as an older settle left it, re-created) and one ack per commit: at most
+//!    a quarter as many acks on the wire as uploads.
 //! 2. `nats_bad_records_are_dead_lettered`: messages that fail decoding land on the
 //!    dead-letter subject with the reason and source headers; the uploads around them are
 //!    applied.
@@ -23,6 +25,8 @@ use crate::kafka_support;
 use crate::nats_support;
 
 use anyhow::{ensure, Context as _, Result};
+use async_nats::jetstream::consumer::AckPolicy;
+use futures::StreamExt;
 use kafka_support::{by_id, reference, same_emissions};
 use nats_support::{server, trace_of, Setup, STEP};
 use rand::rngs::StdRng;
@@ -174,6 +178,25 @@ async fn nats_pipeline_matches_simulate() -> Result<()> {
         &trace_of(&input, setup.nats.partitions)?,
     )?);
 
+    // Partition 0's consumer as a settle before 2026-12-07 left it: explicit acks. The bind
+    // must re-create it with ack policy "all" at the position.
+    let stream = setup.js.get_stream(&setup.nats.input_stream).await?;
+    stream
+        .create_consumer(async_nats::jetstream::consumer::pull::Config {
+            durable_name: Some(setup.nats.consumer_name(0)),
+            filter_subject: setup.nats.input_subject(0),
+            ack_policy: AckPolicy::Explicit,
+            ..Default::default()
+        })
+        .await?;
+    // Every ack settle sends, counted on the wire (a core subscriber sees them too).
+    let mut acks = setup
+        .js
+        .client()
+        .subscribe(format!("$JS.ACK.{}.>", setup.nats.input_stream))
+        .await?;
+    setup.js.client().flush().await?;
+
     let dir = tempfile::tempdir()?;
     let running = setup.start(&config, dir.path()).await?;
     let status = running.until_idle().await?;
@@ -194,6 +217,24 @@ async fn nats_pipeline_matches_simulate() -> Result<()> {
             r.sequence
         );
     }
+    // ... with one ack per commit (ack policy "all"), not one per message.
+    for p in 0..setup.nats.partitions as i32 {
+        let info = stream.consumer_info(setup.nats.consumer_name(p)).await?;
+        ensure!(
+            info.config.ack_policy == AckPolicy::All,
+            "partition {p}'s consumer acks {:?}",
+            info.config.ack_policy
+        );
+    }
+    let mut sent = 0usize;
+    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(300), acks.next()).await {
+        sent += 1;
+    }
+    ensure!(
+        sent > 0 && sent * 4 <= uploads.len(),
+        "{sent} acks for {} uploads: expected one per commit",
+        uploads.len()
+    );
     running.stop().await?;
 
     let normal = by_id(setup.emitted("normal", 1).await?);
@@ -203,7 +244,7 @@ async fn nats_pipeline_matches_simulate() -> Result<()> {
     ensure!(!limited.is_empty(), "the pinned tenant emitted nothing");
     let triggers: std::collections::BTreeSet<_> = want.iter().map(|e| e.trigger).collect();
     println!(
-        "nats: {} uploads -> {} emissions ({} normal, {} limited) equal to simulate (triggers {triggers:?}); ack floors {floors:?}",
+        "nats: {} uploads -> {} emissions ({} normal, {} limited) equal to simulate (triggers {triggers:?}); ack floors {floors:?} after {sent} acks",
         uploads.len(),
         want.len(),
         normal.len(),

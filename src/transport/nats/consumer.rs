@@ -13,7 +13,7 @@ use crate::transport::{
     Error, InputBatch, InputRecord, KeyRule, PartitionInput, Source, SourceEvent,
 };
 use async_nats::jetstream;
-use async_nats::jetstream::consumer::{AckPolicy, PullConsumer};
+use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::Subject;
 use bytes::Bytes;
 use futures::StreamExt;
@@ -180,7 +180,7 @@ impl NatsInput {
         let keep = info.as_ref().filter(|i| {
             let c = &i.config;
             c.filter_subject == wanted.filter_subject
-                && c.ack_policy == AckPolicy::Explicit
+                && c.ack_policy == wanted.ack_policy
                 && c.ack_wait == wanted.ack_wait
                 && c.max_ack_pending == wanted.max_ack_pending
                 && i.num_ack_pending == 0
@@ -509,22 +509,24 @@ impl PartitionInput for NatsInput {
         KeyRule::Optional
     }
 
-    /// Hands the acks of every message below `next_offset` to the partition's ack task
-    /// ([`ack_task`]) without waiting for them to be sent: on one connection shared by
+    /// Hands the ack of the last message below `next_offset` (under ack policy "all" it
+    /// acknowledges every message before it) to the partition's ack task ([`ack_task`])
+    /// without waiting for it to be sent: on one connection shared by
     /// every partition, publishing hundreds of acks inline held the partition's loop (and
     /// its timers) for tens of milliseconds a commit (issue 33's NATS soak).
     async fn commit(&mut self, next_offset: i64) -> Result<(), Error> {
         let next = next_offset.max(0) as u64;
         self.committed = self.committed.max(next);
-        let mut batch = Vec::new();
+        // Ack policy "all": the last message below `next` acknowledges every one before it
+        // (module docs of `transport::nats`: offsets and acks).
+        let mut last = None;
         while self.acks.front().is_some_and(|(seq, _)| *seq < next) {
-            if let Some((_, reply)) = self.acks.pop_front() {
-                batch.push(reply);
-            }
+            last = self.acks.pop_front().map(|(_, reply)| reply);
         }
-        if batch.is_empty() {
+        let Some(last) = last else {
             return Ok(());
-        }
+        };
+        let batch = vec![last];
         let acker = self.acker.get_or_insert_with(|| {
             let (tx, rx) = mpsc::unbounded_channel();
             tokio::spawn(ack_task(self.js.client(), self.partition, rx));

@@ -48,9 +48,14 @@
 //! The offset of a message is its **stream sequence** (global to the stream, so a
 //! partition's offsets have gaps: "next offset" is the last applied sequence + 1). Partition
 //! `p` is read by the durable pull consumer `<nats.consumer-prefix>-<p>` (filter
-//! `<prefix>.<p>`, explicit ack, `nats.ack-wait`, `nats.max-ack-pending`). A message is
+//! `<prefix>.<p>`, ack policy "all", `nats.ack-wait`, `nats.max-ack-pending`). A message is
 //! acked only in [`PartitionInput::commit`], i.e. once the batch it belongs to is durable in
-//! the partition store; until then its ack subject is held.
+//! the partition store; until then its ack subject is held. A commit sends ONE ack, for the
+//! last message below the committed offset: under ack policy "all" it acknowledges every
+//! message of the consumer at or below that stream sequence (what a commit covers), where an
+//! ack per message cost the server and the client one message each (issue 37, BENCHMARKS
+//! "NATS: acks"). A consumer left with explicit acks by an older settle is re-created at the
+//! position by the next bind (its config differs).
 //!
 //! When an input binds to its consumer (at start, after `seek` to the stored offset, and
 //! after a fetch failed) it keeps the consumer only if it has nothing outstanding
@@ -169,7 +174,7 @@ impl JetStreamSettings for NatsConfig {
         pull::Config {
             durable_name: Some(self.consumer_name(partition)),
             filter_subject: self.input_subject(partition),
-            ack_policy: AckPolicy::Explicit,
+            ack_policy: AckPolicy::All,
             ack_wait: self.ack_wait,
             max_ack_pending: i64::from(self.max_ack_pending),
             deliver_policy: match start {
