@@ -12,6 +12,7 @@ use crate::config::tiers::TiersConfig;
 use crate::transport::{
     Error, InputBatch, InputRecord, KeyRule, PartitionInput, Source, SourceEvent,
 };
+use async_nats::header::HeaderName;
 use async_nats::jetstream;
 use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::Subject;
@@ -334,7 +335,8 @@ impl NatsInput {
             let key = message
                 .headers
                 .as_ref()
-                .and_then(|h| h.get(KEY_HEADER))
+                // A static name: `get(&str)` would validate and copy the name per message.
+                .and_then(|h| h.get(HeaderName::from_static(KEY_HEADER)))
                 .map(|v| Bytes::copy_from_slice(v.as_str().as_bytes()));
             out.push(InputRecord {
                 partition: self.partition,

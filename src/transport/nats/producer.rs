@@ -13,6 +13,7 @@ use crate::transport::kafka::{
 };
 use crate::transport::{ChangelogReader, Error, InputRecord, ReadyMessage, Sink};
 use anyhow::Context as _;
+use async_nats::header::HeaderName;
 use async_nats::jetstream;
 use async_nats::jetstream::context::{PublishAckFuture, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
@@ -65,6 +66,8 @@ impl NatsSink {
 
     async fn send(&self, subject: String, headers: HeaderMap, payload: Bytes) -> Result<(), Error> {
         let publish = PublishMessage::build().headers(headers).payload(payload);
+        // A `Subject` shares its bytes: kept for the error messages without a copy.
+        let subject = async_nats::Subject::from(subject);
         let ack = self
             .js
             .send_publish(subject.clone(), publish)
@@ -93,11 +96,15 @@ impl Sink for NatsSink {
             async_nats::header::NATS_MESSAGE_ID,
             message.emission_id.as_str(),
         );
-        headers.insert(EMISSION_ID_HEADER, message.emission_id.as_str());
-        headers.insert(KEY_HEADER, message.key.as_str());
-        headers.insert(INSTANCE_HEADER, &*self.instance);
+        // Static names: a `&str` name is validated and copied per record.
+        headers.insert(
+            HeaderName::from_static(EMISSION_ID_HEADER),
+            message.emission_id,
+        );
+        headers.insert(HeaderName::from_static(KEY_HEADER), message.key);
+        headers.insert(HeaderName::from_static(INSTANCE_HEADER), &*self.instance);
         if let Some(p) = message.partition {
-            headers.insert(PARTITION_HEADER, p.to_string().as_str());
+            headers.insert(HeaderName::from_static(PARTITION_HEADER), p.to_string());
         }
         self.send(message.topic, headers, message.payload.into())
             .await
