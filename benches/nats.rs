@@ -6,10 +6,11 @@
 //! Measured: the load generator's publish rate (its own report), the **drain** rate (uploads
 //! of the backlog / time from spawning `settle run` until every partition's durable consumer
 //! has nothing pending and nothing unacked, i.e. every upload is durable in a store and
-//! acked; the consumers are asked every 250 ms while more than 10 000 uploads are left, then
-//! every 20 ms: asked every 20 ms throughout, the requests slowed the server's deliveries), and the emissions published by then and once every round is out. Then one line
-//! compares settle with the bare reader: the bare rate, settle's drain rate from its first
-//! record (the first poll of its consumers that finds messages delivered) to the drain,
+//! acked; settle's own metrics are watched until it has applied the backlog, then the
+//! consumers are asked every 20 ms: see [`drain`] for why not before), settle's CPU by then
+//! (`/proc`, startup included), and the emissions published by then and once every round is
+//! out. Then one line compares settle with the bare reader: the bare rate, settle's drain
+//! rate from its first record (the first look that finds uploads applied) to the drain,
 //! which leaves out startup (stores opened, changelog streams, consumers bound), the rate
 //! counting startup, and settle as % of bare (issue 37's goal: ≥ 90 %; never asserted).
 //!
@@ -221,15 +222,29 @@ async fn messages(js: &async_nats::jetstream::Context, stream: &str) -> Result<u
 
 /// What `settle run` did with the backlog, timed from `t0` (its spawn).
 struct Drain {
-    /// When a poll first found messages delivered to settle's consumers, and how many.
+    /// When a look first found uploads applied by settle, and how many.
     first: Option<(Duration, u64)>,
     /// When every partition's consumer had nothing pending and nothing unacked.
     drained: Duration,
+    /// CPU (user + system) settle had used by `drained`, startup included ([`cpu_of`]).
+    cpu: Option<Duration>,
     /// Emissions in the output stream at `drained`, and once every round was out.
     at_drain: u64,
     last: u64,
     /// When every round was out: the output had not grown for 3 s (delay 2 s).
     all_out: Duration,
+}
+
+/// CPU time (user + system, all threads) process `pid` has used so far, from
+/// `/proc/<pid>/stat` (fields 14 and 15, in clock ticks of 10 ms: Linux's `USER_HZ`);
+/// `None` off Linux or once the process is gone.
+fn cpu_of(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces) start at field 3, the state.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
 }
 
 /// `settle_uploads_consumed_total` of the `settle run` whose admin port is `admin` (summed
@@ -314,6 +329,7 @@ fn drain(
         ensure!(t0.elapsed() < limit, "not drained within {limit:?}");
         std::thread::sleep(Duration::from_millis(20));
     };
+    let cpu = cpu_of(run.id());
     let at_drain = rt.block_on(messages(js, &n.output_stream))?;
     let (mut last, mut since) = (at_drain, Instant::now());
     while since.elapsed() < Duration::from_secs(3) {
@@ -326,6 +342,7 @@ fn drain(
     Ok(Drain {
         first,
         drained,
+        cpu,
         at_drain,
         last,
         all_out: since.duration_since(t0),
@@ -506,6 +523,7 @@ topic = "bench{id}.ready.limited"
     let Drain {
         first,
         drained,
+        cpu,
         at_drain,
         last,
         all_out,
@@ -519,6 +537,13 @@ topic = "bench{id}.ready.limited"
         all_out.as_secs_f64(),
         backlog as f64 / last.max(1) as f64
     );
+    if let Some(cpu) = cpu {
+        println!(
+            "settle CPU (user + system) until drained, startup included: {:.2} s = {:.2} us per upload",
+            cpu.as_secs_f64(),
+            cpu.as_secs_f64() * 1e6 / backlog as f64
+        );
+    }
     let with_startup = backlog as f64 / drained.as_secs_f64();
     let (startup, settle_rate) = match first {
         Some((at, delivered)) if delivered < backlog && at < drained => (
