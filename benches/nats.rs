@@ -8,7 +8,8 @@
 //! has nothing pending and nothing unacked, i.e. every upload is durable in a store and
 //! acked; settle's own metrics are watched until it has applied the backlog, then the
 //! consumers are asked every 20 ms: see [`drain`] for why not before), settle's CPU by then
-//! (`/proc`, startup included), and the emissions published by then and once every round is
+//! (`/proc`, startup included) and, with a local server, nats-server's CPU during the bare
+//! read and during settle's drain, and the emissions published by then and once every round is
 //! out. Then one line compares settle with the bare reader: the bare rate, settle's drain
 //! rate from its first record (the first look that finds uploads applied) to the drain,
 //! which leaves out startup (stores opened, changelog streams, consumers bound), the rate
@@ -228,6 +229,8 @@ struct Drain {
     drained: Duration,
     /// CPU (user + system) settle had used by `drained`, startup included ([`cpu_of`]).
     cpu: Option<Duration>,
+    /// CPU the nats-server (`server`, its pid) had used by `drained`, since it started.
+    server_cpu: Option<Duration>,
     /// Emissions in the output stream at `drained`, and once every round was out.
     at_drain: u64,
     last: u64,
@@ -245,6 +248,28 @@ fn cpu_of(pid: u32) -> Option<Duration> {
     let fields: Vec<&str> = rest.split(' ').collect();
     let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
     Some(Duration::from_millis(ticks * 10))
+}
+
+/// The pid of the nats-server the bench talks to, when `server` is on this machine
+/// (127.0.0.1 or localhost) and exactly one live process named `nats-server` runs here;
+/// `None` otherwise (its CPU is then not reported).
+fn local_server_pid(server: &str) -> Option<u32> {
+    if !(server.starts_with("127.0.0.1") || server.starts_with("localhost")) {
+        return None;
+    }
+    let mut found = std::fs::read_dir("/proc").ok()?.filter_map(|e| {
+        let e = e.ok()?;
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
+        // A zombie (exited, not yet reaped) is not a server.
+        let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+        let running = stat
+            .rfind(") ")
+            .is_some_and(|i| !stat[i + 2..].starts_with('Z'));
+        (comm.trim_end() == "nats-server" && running).then_some(pid)
+    });
+    let pid = found.next()?;
+    found.next().is_none().then_some(pid)
 }
 
 /// `settle_uploads_consumed_total` of the `settle run` whose admin port is `admin` (summed
@@ -274,7 +299,15 @@ fn consumed(admin: u16) -> Option<u64> {
     Some(total as u64)
 }
 
-/// Watches `settle run` (`run`, spawned at `t0`, admin port `admin`) work off the `backlog`.
+/// What [`drain`] reads besides the process: settle's admin port, the backlog it must apply,
+/// and the local nats-server's pid ([`local_server_pid`]).
+struct Watched {
+    admin: u16,
+    backlog: u64,
+    server: Option<u32>,
+}
+
+/// Watches `settle run` (`run`, spawned at `t0`) work off `watched.backlog`.
 ///
 /// Until settle has applied the whole backlog it is watched through its own metrics
 /// ([`consumed`], every 20 ms), not through the server: on nats-server 2.9.10 a consumer-info
@@ -293,9 +326,13 @@ fn drain(
     n: &NatsConfig,
     run: &mut std::process::Child,
     t0: Instant,
-    admin: u16,
-    backlog: u64,
+    watched: Watched,
 ) -> Result<Drain> {
+    let Watched {
+        admin,
+        backlog,
+        server,
+    } = watched;
     let limit = Duration::from_secs(600);
     let verbose = std::env::var_os("NATS_BENCH_VERBOSE").is_some();
     let mut first = None;
@@ -330,6 +367,7 @@ fn drain(
         std::thread::sleep(Duration::from_millis(20));
     };
     let cpu = cpu_of(run.id());
+    let server_cpu = server.and_then(cpu_of);
     let at_drain = rt.block_on(messages(js, &n.output_stream))?;
     let (mut last, mut since) = (at_drain, Instant::now());
     while since.elapsed() < Duration::from_secs(3) {
@@ -343,6 +381,7 @@ fn drain(
         first,
         drained,
         cpu,
+        server_cpu,
         at_drain,
         last,
         all_out: since.duration_since(t0),
@@ -472,7 +511,13 @@ topic = "bench{id}.ready.limited"
     );
 
     // 2. A bare JetStream pull consumer per partition reads it all.
+    let server_pid = local_server_pid(&server);
+    let server_cpu = || server_pid.and_then(cpu_of);
+    let bare_server0 = server_cpu();
     let bare = bare_read(&n, bare_acks)?;
+    let bare_server = bare_server0
+        .zip(server_cpu())
+        .map(|(a, b)| b.saturating_sub(a));
     ensure!(
         bare.messages == backlog,
         "bare reader read {} of {backlog} messages",
@@ -491,8 +536,15 @@ topic = "bench{id}.ready.limited"
         bare.bytes as f64 / 1e6,
         bare.took.as_secs_f64()
     );
+    if let Some(cpu) = bare_server {
+        println!(
+            "nats-server CPU during the bare read (consumers created and deleted included): {:.2} s",
+            cpu.as_secs_f64()
+        );
+    }
 
     // 3. settle run works it off.
+    let settle_server0 = server_cpu();
     let t0 = Instant::now();
     let mut run = Command::new(bin)
         .args(["run", "--config"])
@@ -506,7 +558,12 @@ topic = "bench{id}.ready.limited"
         .stderr(Stdio::inherit())
         .spawn()
         .context("settle run")?;
-    let measured = drain(&rt, &js, &n, &mut run, t0, admin_port, backlog);
+    let watched = Watched {
+        admin: admin_port,
+        backlog,
+        server: server_pid,
+    };
+    let measured = drain(&rt, &js, &n, &mut run, t0, watched);
     // settle stopped and the streams deleted whether or not it drained.
     let _ = Command::new("kill")
         .args(["-TERM", &run.id().to_string()])
@@ -524,6 +581,7 @@ topic = "bench{id}.ready.limited"
         first,
         drained,
         cpu,
+        server_cpu: settle_server,
         at_drain,
         last,
         all_out,
@@ -542,6 +600,15 @@ topic = "bench{id}.ready.limited"
             "settle CPU (user + system) until drained, startup included: {:.2} s = {:.2} us per upload",
             cpu.as_secs_f64(),
             cpu.as_secs_f64() * 1e6 / backlog as f64
+        );
+    }
+    if let Some(cpu) = settle_server0
+        .zip(settle_server)
+        .map(|(a, b)| b.saturating_sub(a))
+    {
+        println!(
+            "nats-server CPU from settle's spawn until drained: {:.2} s",
+            cpu.as_secs_f64()
         );
     }
     let with_startup = backlog as f64 / drained.as_secs_f64();
