@@ -54,7 +54,7 @@
 //! last message below the committed offset: under ack policy "all" it acknowledges every
 //! message of the consumer at or below that stream sequence (what a commit covers), where an
 //! ack per message cost the server and the client one message each (issue 37, BENCHMARKS
-//! "NATS: acks"). A consumer left with explicit acks by an older settle is re-created at the
+//! "NATS: the observer was the slow tail; one ack per commit"). A consumer left with explicit acks by an older settle is re-created at the
 //! position by the next bind (its config differs).
 //!
 //! When an input binds to its consumer (at start, after `seek` to the stored offset, and
