@@ -5,7 +5,7 @@
 //! the strict reverse for tests and tools; and [`EMISSION_ID_HEADER`], the header carrying
 //! the emission id.
 
-use super::scan::scan_json;
+use super::scan::{scan_json, PLAIN_STRING_BYTE};
 use super::time::rfc3339_ms;
 use super::{write_rfc3339_ms, ATTRIBUTES_MAX_DEPTH};
 use crate::engine::{Emission, EventIds, Millis, PolicyName, SessionKey, Trigger};
@@ -243,7 +243,7 @@ pub fn encode_ready_into(em: &Emission, emitted_at: Millis, tier: &str, out: &mu
 /// Appends `s` as a JSON string, byte for byte as `serde_json` writes it: copied between
 /// quotes when nothing in it needs an escape (the common case), else through `serde_json`.
 fn push_json_str(out: &mut Vec<u8>, s: &str) {
-    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+    if s.bytes().all(|b| PLAIN_STRING_BYTE[usize::from(b)]) {
         out.push(b'"');
         out.extend_from_slice(s.as_bytes());
         out.push(b'"');

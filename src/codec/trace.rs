@@ -75,13 +75,13 @@ fn decode_plain_trace_line(text: &str) -> Option<TraceRecord> {
     let fields = plain_wire_with(text, Some(&mut trace))?.check().ok()?;
     let ts = match trace.ts? {
         // A non-negative integer (`plain_object` allows a sign, `plain_ts` does not).
-        PlainValue::Int(digits) if !digits.starts_with('-') => digits.parse().ok()?,
+        v @ PlainValue::Int(digits) if !digits.starts_with('-') => v.as_i64()?,
         PlainValue::Str(text) => parse_rfc3339_ms(text).ok()?,
         _ => return None,
     };
     let partition = match trace.partition {
         None | Some(PlainValue::Null) => None,
-        Some(PlainValue::Int(digits)) => Some(digits.parse::<u32>().ok()?),
+        Some(v @ PlainValue::Int(_)) => Some(u32::try_from(v.as_i64()?).ok()?),
         Some(_) => return None,
     };
     Some(TraceRecord {

@@ -273,16 +273,16 @@ fn plain_trace_record(text: &[u8], key: &mut Vec<u8>) -> Plain {
     // `ts`: an integer that fits, else serde's reading of it decides.
     let ts = match ts {
         None => return Plain::Skip,
-        Some(codec::PlainValue::Int(digits)) => match digits.parse::<i64>() {
-            Ok(ms) => ms,
-            Err(_) => return Plain::Unsure,
+        Some(v @ codec::PlainValue::Int(_)) => match v.as_i64() {
+            Some(ms) => ms,
+            None => return Plain::Unsure,
         },
         Some(_) => return Plain::Unsure,
     };
     let partition = match partition {
-        Some(codec::PlainValue::Int(digits)) => match digits.parse::<i64>() {
-            Ok(p) => Some(p as i32),
-            Err(_) => return Plain::Unsure,
+        Some(v @ codec::PlainValue::Int(_)) => match v.as_i64() {
+            Some(p) => Some(p as i32),
+            None => return Plain::Unsure,
         },
         // Absent, null, a string or a bool: no partition (as serde's reading says).
         _ => None,
